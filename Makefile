@@ -1,0 +1,29 @@
+# Every target bootstraps .venv itself on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) examples/tour.py
+
+bench: $(STAMP)
+	$(PY) -m bench.run_all
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check wedlm_kernels reference tests examples bench

@@ -1,0 +1,39 @@
+"""Shared pytest configuration.
+
+Hypothesis draws fresh random sizes and seeds on every run (no fixed seed): a failure prints
+the example and the seed to reproduce it. The profile keeps the CPU suite inside the CI
+budget; set HYPOTHESIS_PROFILE=thorough for a longer local run.
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+torch.set_num_threads(min(torch.get_num_threads(), 2))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,36 @@
+"""wedlm_kernels: fused kernels for WeDLM (causal-attention diffusion LM) decoding.
+
+Public ops (DESIGN.md section 4, exact semantics in docs/contracts.md):
+
+- :func:`reorder_window`: topological reordering of the decode window (ids, logical RoPE
+  positions, physical cache slots).
+- :func:`rope_cache`, :func:`rope_kv_append`: per-head RMSNorm + RoPE at logical positions +
+  K/V append into a paged cache.
+- :func:`paged_attention`: causal (bottom-right aligned) attention over a paged cache, GQA.
+- :func:`select_tokens`: entropy, distance penalty, threshold selection and sampling.
+- :func:`commit_window`: commit, stop/length rules, window shift, fill and refill.
+
+Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
+The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
+"""
+
+from . import _library  # noqa: F401  (registers torch.ops.wedlm.*)
+from ._backend import BACKEND, DEBUG
+from .ops.attention import paged_attention
+from .ops.commit import commit_window
+from .ops.reorder import reorder_window
+from .ops.rope import rope_cache, rope_kv_append
+from .ops.select import select_tokens
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND",
+    "DEBUG",
+    "commit_window",
+    "paged_attention",
+    "reorder_window",
+    "rope_cache",
+    "rope_kv_append",
+    "select_tokens",
+]

@@ -1,0 +1,28 @@
+"""The backend switch of DESIGN.md section 2, read once at import.
+
+``WEDLM_KERNELS_BACKEND``:
+
+- ``auto`` (default): CUDA tensors run the compiled Triton kernels, CPU tensors run the
+  vectorised PyTorch implementations.
+- ``interpret``: CPU tensors run the Triton kernels through Triton's interpreter (this
+  module sets ``TRITON_INTERPRET=1`` before any kernel module is imported).
+- ``torch``: the PyTorch implementations everywhere.
+
+``WEDLM_KERNELS_DEBUG=1`` additionally checks tensor *values* at the public boundary
+(lengths within capacity, monotone row offsets, ...). Those checks synchronise with the
+host, so they are off by default.
+"""
+
+import os
+
+BACKENDS = ("auto", "interpret", "torch")
+
+BACKEND = os.environ.get("WEDLM_KERNELS_BACKEND", "auto").strip().lower() or "auto"
+if BACKEND not in BACKENDS:
+    raise ValueError(
+        f"WEDLM_KERNELS_BACKEND={BACKEND!r} is not one of {', '.join(BACKENDS)}"
+    )
+if BACKEND == "interpret":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

@@ -1,0 +1,1 @@
+"""One module per kernel family: Triton kernel(s), launcher, and the PyTorch implementation."""

@@ -1,0 +1,1 @@
+"""The specification in code: literal, loop-based reference implementations (the test oracle)."""

@@ -27,7 +27,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-torch.set_num_threads(min(torch.get_num_threads(), 2))
+# One intra-op thread: the test tensors are tiny, and on a busy 2-core machine OpenMP's
+# spinning threads made small ops up to 100x slower than a single thread.
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,37 @@
+"""model_min: a minimal WeDLM decoder composed from the ``wedlm_kernels`` ops.
+
+Run from the checkout (it is not installed)::
+
+    python -m model_min generate --model DIR --prompt "..."
+
+or from Python::
+
+    from model_min import Generator, SamplingParams, load_model, load_tokenizer
+    model = load_model(DIR, device="cuda")
+    generator = Generator(model, window=16, tokenizer=load_tokenizer(DIR))
+    [result] = generator.generate(["Hello"], SamplingParams(max_new_tokens=64))
+"""
+
+from .cache import CacheFullError, KVCache
+from .config import ModelConfig, config_from_dict, load_config
+from .generator import Generator, Result, SamplingParams
+from .loader import CheckpointError, load_model
+from .model import Model
+from .tokenizer import Tokenizer, chat_prompt, load_tokenizer
+
+__all__ = [
+    "CacheFullError",
+    "CheckpointError",
+    "Generator",
+    "KVCache",
+    "Model",
+    "ModelConfig",
+    "Result",
+    "SamplingParams",
+    "Tokenizer",
+    "chat_prompt",
+    "config_from_dict",
+    "load_config",
+    "load_model",
+    "load_tokenizer",
+]

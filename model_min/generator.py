@@ -1,0 +1,490 @@
+"""Batched WeDLM decoding on the public ops (ALGORITHM.md section 4, docs/contracts.md
+"Decoding loop around the ops").
+
+A streaming / block-wise decode step is, for the whole batch at once and without any host
+synchronisation::
+
+    reorder_window -> model forward (rope_kv_append + paged_attention per layer)
+      -> lm_head on the mask rows only -> select_tokens -> commit_window
+
+The host looks at the batch only every ``poll_every`` steps: it reads ``finished``, hands
+back finished requests (and their cache pages), compacts the batch so they stop costing
+compute, and admits waiting requests (prefill fills their cache and computes no logits).
+AR mode is the same loop with one token per forward: the prefill's last row predicts the
+first token, then each forward feeds the last token.
+"""
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+
+import wedlm_kernels as wk
+
+from .cache import slot_mapping_for
+from .graphs import StepGraphs, bucket_size
+from .model import Model
+from .state import BatchState, concat
+from .tokenizer import Tokenizer
+
+MODES = ("streaming", "blockwise", "ar")
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding parameters (ALGORITHM.md section 4)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # <= 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    threshold: float | None = 0.4  # None: one token per step
+    penalty: float = 0.02
+    seed: int | None = None  # None: drawn from the Generator's random generator
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k"):
+            if not isinstance(getattr(self, name), int):
+                raise TypeError(f"SamplingParams.{name} must be an int")
+        for name in ("temperature", "top_p", "penalty"):
+            if not math.isfinite(float(getattr(self, name))):
+                raise ValueError(f"SamplingParams.{name} must be finite")
+        if self.threshold is not None and math.isnan(float(self.threshold)):
+            raise ValueError("SamplingParams.threshold must not be NaN (None: one per step)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise TypeError("SamplingParams.seed must be an int or None")
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    finish_reason: str  # "stop" (a stop token was generated) or "length"
+    forwards: int  # decode forwards the request took part in (AR: every token's forward)
+    rows: int  # live window rows fed over all forwards
+    tokens_per_forward: float
+    p_cache: float  # generated tokens / rows (paper Eq. 4)
+    seed: int  # the seed used (drawn when SamplingParams.seed was None)
+    text: str | None = None  # decoded token_ids when the Generator has a tokenizer
+
+
+@dataclass
+class _Request:
+    index: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    pages: list[int] = field(default_factory=list)
+
+    @property
+    def max_new(self) -> int:
+        return max(self.params.max_new_tokens, 0)
+
+
+def _int64(value: int) -> int:
+    """The int64 with the same 64 two's-complement bits as ``value``."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+class Generator:
+    """Batched WeDLM decoder over a paged KV cache.
+
+    Args:
+        model: from ``model_min.load_model``.
+        window: window size ``W`` (slot capacity ``2W``).
+        page_size: KV cache page size in positions.
+        max_batch: most requests decoded at once; more wait for a free row.
+        tokenizer: optional, for text prompts and ``Result.text``.
+        max_cache_tokens: KV cache capacity in positions (default
+            ``max_batch * (min(max_position_embeddings, 4096) + window)``).
+        mask_token_id: overrides ``config.json``'s ``mask_token_id``.
+        seed: seeds the generator that draws per-request seeds left as None.
+        poll_every: decode steps between two looks of the host at the batch.
+        cuda_graph: capture the decode step in CUDA graphs (CUDA only; one graph per
+            batch-size bucket, the batch is padded to the bucket).
+
+    One ``generate`` call at a time per Generator (it is not thread-safe).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        window: int = 16,
+        page_size: int = 16,
+        max_batch: int = 8,
+        tokenizer: Tokenizer | None = None,
+        *,
+        max_cache_tokens: int | None = None,
+        mask_token_id: int | None = None,
+        seed: int | None = None,
+        poll_every: int = 4,
+        cuda_graph: bool = False,
+    ) -> None:
+        for name, value in (("window", window), ("page_size", page_size),
+                            ("max_batch", max_batch), ("poll_every", poll_every)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if cuda_graph and model.device.type != "cuda":
+            raise ValueError("cuda_graph=True needs a model on a CUDA device")
+        self.model = model
+        self.window = window
+        self.page_size = page_size
+        self.max_batch = max_batch
+        self.tokenizer = tokenizer
+        self.poll_every = poll_every
+        self.mask_token_id = mask_token_id if mask_token_id is not None else model.config.mask_token_id
+        if max_cache_tokens is None:
+            max_cache_tokens = max_batch * (min(model.config.max_position_embeddings, 4096) + window)
+        self.cache = model.new_cache(-(-max_cache_tokens // page_size), page_size)
+        self.rng = torch.Generator()
+        if seed is None:
+            self.rng.seed()
+        else:
+            self.rng.manual_seed(seed)
+        self.graphs = StepGraphs(self._step) if cuda_graph else None
+        # Set to a list to record, per eager streaming/block-wise step, the state as fed,
+        # the mask rows' positions and their logits (for tests and debugging).
+        self.trace: list[dict] | None = None
+        self._owner_ids: list[int | None] = []
+        self._mode = "streaming"  # of the current generate call
+        self._widths: dict[str, int] = {}  # state widths S, T, K, P of the current call
+        self._device = model.device
+        self._holding: list[_Request] = []  # admitted requests whose pages are not freed yet
+
+    # ---------------------------------------------------------------- public entry point
+
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        mode: str = "streaming",
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+    ) -> list[Result]:
+        """Decode every prompt; returns one :class:`Result` per prompt, in order.
+
+        ``prompts``: token-id lists, or strings when the Generator has a tokenizer (a
+        single prompt may be passed alone). ``params``: one :class:`SamplingParams` for
+        all, or one per prompt. ``mode``: "streaming" (WeDLM streaming parallel decoding),
+        "blockwise" (the stop-and-wait block baseline) or "ar" (one token per forward).
+        ``on_tokens(request_index, new_token_ids)`` is called as tokens are committed
+        (at the host's polls, so in bursts of up to ``poll_every`` steps).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode != "ar" and self.mask_token_id is None:
+            raise ValueError(
+                f"mode {mode!r} needs a mask token id, and config.json has no mask_token_id: "
+                "pass Generator(..., mask_token_id=ID) (CLI: --mask-token-id ID)"
+            )
+        vocab = self.model.config.vocab_size
+        if mode != "ar" and not 0 <= self.mask_token_id < vocab:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                             f"[0, {vocab})")
+        requests = self._requests(prompts, params, mode)
+        if not requests:
+            return []
+        self._mode = mode
+        self._widths = self._batch_widths(requests)
+        if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
+            if self.graphs is not None:
+                self.graphs.clear()
+        results: list[Result | None] = [None] * len(requests)
+        pending = deque()
+        for request in requests:
+            if request.max_new == 0:
+                results[request.index] = self._result(request, [], 0, 0)
+            else:
+                pending.append(request)
+        self._decode(pending, results, on_tokens)
+        return results  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- request handling
+
+    def _requests(self, prompts, params, mode: str) -> list[_Request]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0
+            and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        vocab = self.model.config.vocab_size
+        requests = []
+        for index, (prompt, p) in enumerate(zip(prompts, params)):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ValueError("text prompts need a tokenizer (Generator(tokenizer=...))")
+                ids = self.tokenizer.encode(prompt)
+            else:
+                ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
+            if mode == "ar" and not ids and p.max_new_tokens > 0:
+                raise ValueError(f"prompt {index}: AR decoding needs a non-empty prompt")
+            seed = p.seed
+            if seed is None:
+                seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=self.rng))
+            request = _Request(index, ids, p, _int64(seed))
+            self.cache.check_fits(self._positions(request), f"prompt {index}")
+            requests.append(request)
+        return requests
+
+    def _positions(self, request: _Request) -> int:
+        """Cache positions reserved for a request at admission: prompt + max_new + window
+        (the window never reaches past prompt + max_new; the extra window is a margin)."""
+        return len(request.prompt) + request.max_new + self.window
+
+    def _batch_widths(self, requests: list[_Request]) -> dict[str, int]:
+        return {
+            "S": 2 * self.window,
+            "T": max([r.max_new for r in requests] + [1]),
+            "K": max([len(r.params.stop_token_ids) for r in requests] + [1]),
+            "P": max([self.cache.pages_for(self._positions(r)) for r in requests] + [1]),
+        }
+
+    def _result(self, request: _Request, tokens: list[int], forwards: int, rows: int) -> Result:
+        stops = set(request.params.stop_token_ids)
+        reason = "stop" if tokens and tokens[-1] in stops else "length"
+        return Result(
+            token_ids=tokens,
+            finish_reason=reason,
+            forwards=forwards,
+            rows=rows,
+            tokens_per_forward=len(tokens) / forwards if forwards else 0.0,
+            p_cache=len(tokens) / rows if rows else 0.0,
+            seed=request.seed,
+            text=self.tokenizer.decode(tokens) if self.tokenizer is not None else None,
+        )
+
+    # ---------------------------------------------------------------- the host loop
+
+    def _decode(self, pending: deque, results: list, on_tokens) -> None:
+        state: BatchState | None = None
+        owners: list[_Request | None] = []  # request of each batch row (None: padding)
+        emitted: dict[int, int] = {}  # tokens already passed to on_tokens, per request
+        try:
+            while pending or owners:
+                live = sum(r is not None for r in owners)
+                admitted = []
+                while (pending and live + len(admitted) < self.max_batch
+                       and self.cache.can_allocate(self._positions(pending[0]))):
+                    request = pending.popleft()
+                    request.pages = self.cache.allocate(self._positions(request))
+                    admitted.append(request)
+                    self._holding.append(request)
+                if admitted:
+                    if live < len(owners):  # drop a graph bucket's padding rows first
+                        state, owners = self._compact(state, owners, range(len(owners)))
+                    state = concat(state, self._admit(admitted))
+                    owners = owners + admitted
+                if not owners:
+                    raise RuntimeError("no request could be admitted into an empty KV cache")
+                state, owners = self._run(state, owners)
+                state, owners = self._poll(state, owners, results, emitted, on_tokens)
+        finally:  # after an error, give back the pages of the requests still running
+            for request in self._holding:
+                self.cache.free(request.pages)
+            self._holding = []
+
+    @staticmethod
+    def _compact(state, owners, rows) -> tuple[BatchState | None, list]:
+        """Keep the batch rows ``rows`` that hold a request."""
+        keep = [i for i in rows if owners[i] is not None]
+        return (state.take(keep) if keep else None), [owners[i] for i in keep]
+
+    def _run(self, state: BatchState, owners: list) -> tuple[BatchState, list]:
+        """``poll_every`` decode steps, no host synchronisation."""
+        if self.graphs is None:
+            self._owner_ids = [r.index for r in owners]
+            for _ in range(self.poll_every):
+                self._step(state)
+            return state, owners
+        size = bucket_size(len(owners), self.max_batch)
+        padded = state.padded(size, self.mask_token_id or 0)
+        owners = owners + [None] * (size - len(owners))
+        return self.graphs.run(padded, self.poll_every, self._mode), owners
+
+    def _poll(self, state, owners, results, emitted, on_tokens):
+        """Hand back finished requests, free their pages, compact the batch."""
+        finished = state.finished.tolist()
+        done = [i for i, r in enumerate(owners) if r is not None and finished[i]]
+        if on_tokens is not None or done:
+            out_len = state.out_len.tolist()
+            out_tokens = state.out_tokens.tolist()
+            forwards, rows = state.forwards.tolist(), state.rows.tolist()
+        if on_tokens is not None:
+            for i, request in enumerate(owners):
+                if request is None:
+                    continue
+                start = emitted.get(request.index, 0)
+                if out_len[i] > start:
+                    on_tokens(request.index, out_tokens[i][start:out_len[i]])
+                    emitted[request.index] = out_len[i]
+        for i in done:
+            request = owners[i]
+            tokens = out_tokens[i][: out_len[i]]
+            results[request.index] = self._result(request, tokens, forwards[i], rows[i])
+            self.cache.free(request.pages)
+            self._holding.remove(request)
+        if not done:
+            return state, owners
+        return self._compact(state, owners, [i for i in range(len(owners)) if not finished[i]])
+
+    # ---------------------------------------------------------------- admission
+
+    def _admit(self, requests: list[_Request]) -> BatchState:
+        """Batch state of newly admitted requests, with their prompts prefilled."""
+        device, w = self._device, self._widths
+        count = len(requests)
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        def padded_rows(rows: list[list[int]], width: int, fill: int) -> list[list[int]]:
+            return [row + [fill] * (width - len(row)) for row in rows]
+
+        prompt_len = tensor([len(r.prompt) for r in requests], torch.int32)
+        max_new = [r.max_new for r in requests]
+        block_table = tensor(padded_rows([r.pages for r in requests], w["P"], -1), torch.int32)
+        stop_ids = tensor(
+            padded_rows([list(r.params.stop_token_ids) for r in requests], w["K"], -1),
+            torch.int64,
+        )
+        ar = self._mode == "ar"
+        win_len = [0 if ar else min(self.window, m) for m in max_new]
+        state = BatchState(
+            win_tokens=torch.full((count, w["S"]), self.mask_token_id or 0, dtype=torch.int64,
+                                  device=device),
+            win_mask=torch.ones((count, w["S"]), dtype=torch.bool, device=device),
+            win_len=tensor(win_len, torch.int32),
+            ctx_len=prompt_len.clone(),
+            block_table=block_table,
+            out_tokens=torch.zeros((count, w["T"]), dtype=torch.int64, device=device),
+            out_len=torch.zeros(count, dtype=torch.int32, device=device),
+            finished=torch.zeros(count, dtype=torch.bool, device=device),
+            stop_ids=stop_ids,
+            max_new=tensor(max_new, torch.int32),
+            temperature=tensor([float(r.params.temperature) for r in requests], torch.float32),
+            top_k=tensor([r.params.top_k for r in requests], torch.int32),
+            top_p=tensor([float(r.params.top_p) for r in requests], torch.float32),
+            threshold=tensor(
+                [-math.inf if r.params.threshold is None else float(r.params.threshold)
+                 for r in requests], torch.float32),
+            penalty=tensor([float(r.params.penalty) for r in requests], torch.float32),
+            seed=tensor([r.seed for r in requests], torch.int64),
+            forwards=torch.zeros(count, dtype=torch.int64, device=device),
+            rows=torch.zeros(count, dtype=torch.int64, device=device),
+        )
+        longest = max(len(r.prompt) for r in requests)
+        if longest == 0:
+            return state
+        input_ids = tensor(padded_rows([r.prompt for r in requests], longest, 0), torch.int64)
+        last_hidden = self.model.prefill(input_ids, prompt_len, block_table, self.cache)
+        if ar:
+            # The one prefill that computes logits: the last prompt row predicts position L.
+            live = torch.ones(count, dtype=torch.bool, device=device)
+            self._ar_commit(state, self.model.logits(last_hidden), live)
+        return state
+
+    # ---------------------------------------------------------------- one decode step
+
+    def _step(self, state: BatchState, mode: str | None = None) -> None:
+        """One decode step of the whole batch, in place, without host synchronisation."""
+        mode = mode or self._mode
+        if mode == "ar":
+            self._ar_step(state)
+        else:
+            self._window_step(state, blockwise=mode == "blockwise")
+
+    def _window_step(self, s: BatchState, blockwise: bool) -> None:
+        model, window = self.model, self.window
+        batch, capacity = s.win_tokens.shape
+        input_ids, positions, slot_mapping, order, n_filled = wk.reorder_window(
+            s.win_tokens, s.win_mask, s.win_len, s.ctx_len, s.block_table, self.page_size
+        )
+        hidden = model.forward(
+            input_ids, positions, slot_mapping, s.block_table, s.ctx_len, s.win_len, self.cache
+        )
+        # Mask rows are physical rows n_filled .. win_len-1 (at most W of them): gather them
+        # into W fixed rows per sequence; the rest of the W are padding (row_pos = -1).
+        physical = n_filled[:, None].long() + torch.arange(window, device=self._device)
+        is_mask_row = physical < s.win_len[:, None]
+        physical = physical.clamp(max=capacity - 1)
+        mask_hidden = hidden.gather(1, physical[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        logits = model.logits(mask_hidden.reshape(batch * window, -1))
+        row_pos = torch.where(
+            is_mask_row, s.ctx_len[:, None].long() + order.gather(1, physical).long(), -1
+        ).reshape(-1)
+        cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
+                               device=self._device)
+        token, selected, _ = wk.select_tokens(
+            logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p, s.threshold,
+            s.penalty, s.seed,
+        )
+        if self.trace is not None and self.graphs is None:
+            self.trace.append(self._snapshot(s, row_pos, logits))
+        live = (s.win_len > 0) & ~s.finished
+        s.forwards += live
+        s.rows += torch.where(live, s.win_len, 0)
+        wk.commit_window(
+            s.win_tokens, s.win_mask, s.win_len, s.ctx_len, cu_rows, row_pos, token, selected,
+            s.out_tokens, s.out_len, s.finished, s.stop_ids, s.max_new, window,
+            self.mask_token_id, blockwise,
+        )
+
+    def _snapshot(self, s: BatchState, row_pos: torch.Tensor, logits: torch.Tensor) -> dict:
+        """Copies of what a step was fed and computed (no host synchronisation)."""
+        record = {name: t.clone() for name, t in s.tensors().items()}
+        record.update(request=list(self._owner_ids), row_pos=row_pos.clone(),
+                      logits=logits.detach().clone())
+        return record
+
+    def _ar_step(self, s: BatchState) -> None:
+        """Feed each live sequence's last token (position ``L - 1``); its logits predict
+        position ``L``."""
+        live = ~s.finished
+        last_position = (s.ctx_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]
+        last_index = (s.out_len.long() - 1).clamp(min=0)[:, None]
+        last_token = s.out_tokens.gather(1, last_index)
+        slot_mapping = slot_mapping_for(s.block_table, last_position, live[:, None],
+                                        self.page_size)
+        hidden = self.model.forward(
+            last_token, last_position, slot_mapping, s.block_table,
+            last_position[:, 0].to(torch.int32), live.to(torch.int32), self.cache,
+        )
+        self._ar_commit(s, self.model.logits(hidden[:, 0]), live)
+
+    def _ar_commit(self, s: BatchState, logits: torch.Tensor, live: torch.Tensor) -> None:
+        """Sample position ``L`` like a select_tokens row (threshold -inf) and append it
+        under the stop and length rules."""
+        batch = s.size
+        row_pos = torch.where(live, s.ctx_len.long(), -1)
+        cu_rows = torch.arange(batch + 1, dtype=torch.int32, device=self._device)
+        token, _, _ = wk.select_tokens(
+            logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
+            torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,
+        )
+        index = s.out_len.long().clamp(max=s.out_tokens.shape[1] - 1)[:, None]
+        current = s.out_tokens.gather(1, index)
+        s.out_tokens.scatter_(1, index, torch.where(live[:, None], token[:, None], current))
+        step = live.to(torch.int32)
+        s.out_len += step
+        s.ctx_len += step
+        s.forwards += step
+        s.rows += step
+        is_stop = (s.stop_ids == token[:, None]).any(dim=1)
+        s.finished |= live & (is_stop | (s.out_len >= s.max_new))

@@ -1,0 +1,100 @@
+"""The decoder state of a batch (DESIGN.md section 3): fixed-shape device tensors, one row
+per sequence.
+
+A decode step reads and mutates these tensors in place and nothing else, so it can be
+captured in a CUDA graph. Between steps the host may reshape the batch (drop finished rows,
+append admitted ones, pad to a graph bucket) with :meth:`BatchState.take`,
+:func:`concat` and :meth:`BatchState.padded`.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+# Value of every field in a padding row: an empty, finished sequence that no op touches.
+_PADDING = {
+    "win_tokens": 0,  # replaced by mask_id in padded()
+    "win_mask": True,
+    "win_len": 0,
+    "ctx_len": 0,
+    "block_table": -1,
+    "out_tokens": 0,
+    "out_len": 0,
+    "finished": True,
+    "stop_ids": -1,
+    "max_new": 0,
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "threshold": -math.inf,
+    "penalty": 0.0,
+    "seed": 0,
+    "forwards": 0,
+    "rows": 0,
+}
+
+
+@dataclass
+class BatchState:
+    win_tokens: torch.Tensor  # [B, S] int64: window tokens in logical slot order
+    win_mask: torch.Tensor  # [B, S] bool: True where the slot is still a mask
+    win_len: torch.Tensor  # [B] int32: live window slots (0: finished or padding)
+    ctx_len: torch.Tensor  # [B] int32: committed tokens, prompt included
+    block_table: torch.Tensor  # [B, P] int32: the sequence's cache pages (-1: none)
+    out_tokens: torch.Tensor  # [B, T] int64: generated tokens
+    out_len: torch.Tensor  # [B] int32
+    finished: torch.Tensor  # [B] bool
+    stop_ids: torch.Tensor  # [B, K] int64, -1 padded
+    max_new: torch.Tensor  # [B] int32
+    temperature: torch.Tensor  # [B] fp32 (<= 0: greedy)
+    top_k: torch.Tensor  # [B] int32 (0: off)
+    top_p: torch.Tensor  # [B] fp32 (1: off)
+    threshold: torch.Tensor  # [B] fp32 (-inf: one token per step)
+    penalty: torch.Tensor  # [B] fp32
+    seed: torch.Tensor  # [B] int64
+    forwards: torch.Tensor  # [B] int64: decode forwards the sequence took part in
+    rows: torch.Tensor  # [B] int64: live window rows it fed
+
+    @property
+    def size(self) -> int:
+        return self.win_len.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def signature(self) -> tuple:
+        """Shapes and dtypes of every field: two states with the same signature can share
+        one captured CUDA graph."""
+        return tuple((name, tuple(t.shape), t.dtype) for name, t in self.tensors().items())
+
+    def take(self, indices: list[int]) -> "BatchState":
+        """The rows ``indices`` of this batch, as fresh tensors."""
+        index = torch.tensor(indices, dtype=torch.int64, device=self.win_len.device)
+        return BatchState(**{n: t.index_select(0, index) for n, t in self.tensors().items()})
+
+    def padded(self, size: int, mask_id: int) -> "BatchState":
+        """This batch followed by ``size - self.size`` padding rows."""
+        extra = size - self.size
+        if extra <= 0:
+            return self
+        parts = {}
+        for name, tensor in self.tensors().items():
+            value = mask_id if name == "win_tokens" else _PADDING[name]
+            pad = torch.full((extra, *tensor.shape[1:]), value, dtype=tensor.dtype,
+                             device=tensor.device)
+            parts[name] = torch.cat([tensor, pad])
+        return BatchState(**parts)
+
+    def copy_(self, other: "BatchState") -> None:
+        """Overwrite this batch's tensors in place with ``other``'s (same signature)."""
+        for name, tensor in self.tensors().items():
+            tensor.copy_(getattr(other, name))
+
+
+def concat(first: BatchState | None, second: BatchState) -> BatchState:
+    if first is None or first.size == 0:
+        return second
+    return BatchState(
+        **{n: torch.cat([t, getattr(second, n)]) for n, t in first.tensors().items()}
+    )

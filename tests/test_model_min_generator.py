@@ -1,0 +1,371 @@
+"""model_min.Generator end to end on tiny random Qwen3 / Qwen2 checkpoints (fp32, CPU).
+
+The oracles are things this project did not write, or the no-cache reference decoder run on
+them: Hugging Face `transformers` forwards, its `generate` and its KV cache;
+`reference.decoder.decode` driven by the HF forward (no KV cache, every forward recomputes
+the whole sequence), compared token for token together with its forward and row counts.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from model_min import CacheFullError, Generator, SamplingParams, load_model
+from reference.decoder import Params, decode
+from tests.tiny_models import (
+    MASK_TOKEN_ID,
+    build_tiny_model,
+    hf_key_values,
+    hf_logits,
+    save_checkpoint,
+)
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], list(range(20, 36)), [11]]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen2"])
+def tiny(request, tmp_path_factory):
+    """``(hf_model, model_min model)`` of the same random weights."""
+    hf = build_tiny_model(request.param)
+    directory = save_checkpoint(hf, tmp_path_factory.mktemp(request.param))
+    return hf, load_model(directory)
+
+
+def reference_decode(hf, prompt, params: SamplingParams, mode, window):
+    forward = functools.partial(hf_logits, hf)
+    reference_params = Params(
+        max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+        top_k=params.top_k, top_p=params.top_p, threshold=params.threshold,
+        penalty=params.penalty, seed=params.seed, stop_token_ids=params.stop_token_ids,
+    )
+    return decode(forward, prompt, reference_params, mode=mode, window=window,
+                  mask_id=MASK_TOKEN_ID)
+
+
+def assert_matches_reference(hf, prompts, params_list, results, mode, window):
+    for prompt, params, result in zip(prompts, params_list, results):
+        expected = reference_decode(hf, prompt, params, mode, window)
+        assert result.token_ids == expected.token_ids
+        assert result.finish_reason == expected.finish_reason
+        assert result.forwards == expected.forwards
+        assert result.rows == expected.rows
+        assert result.p_cache == pytest.approx(expected.p_cache, rel=1e-12)
+        assert result.tokens_per_forward == pytest.approx(expected.tokens_per_forward, rel=1e-12)
+
+
+# Per-request parameter sets: greedy and seeded sampling, thresholds (None = one token per
+# step), penalties, max_new limits, in one batch.
+CASES = {
+    "greedy": [
+        SamplingParams(max_new_tokens=14, threshold=2.8, penalty=0.02, seed=1),
+        SamplingParams(max_new_tokens=9, threshold=3.1, penalty=0.0, seed=2),
+        SamplingParams(max_new_tokens=11, threshold=None, seed=3),
+        SamplingParams(max_new_tokens=3, threshold=2.5, penalty=0.1, seed=4),
+    ],
+    "sampling": [
+        SamplingParams(max_new_tokens=12, temperature=0.8, top_k=40, top_p=0.9,
+                       threshold=3.0, penalty=0.02, seed=11),
+        SamplingParams(max_new_tokens=10, temperature=1.3, top_k=0, top_p=0.7,
+                       threshold=2.8, penalty=0.05, seed=2**40 + 7),
+        SamplingParams(max_new_tokens=13, temperature=0.6, top_k=5, top_p=1.0,
+                       threshold=None, seed=-5),
+        SamplingParams(max_new_tokens=1, temperature=1.0, top_k=3, seed=99),
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_tokens_and_metrics_equal_the_reference_decoder(tiny, mode, case):
+    hf, model = tiny
+    window = 4 if case == "greedy" else 5
+    params = CASES[case]
+    # max_batch=3 < 4 requests: the last one is admitted when the first finishes
+    generator = Generator(model, window=window, page_size=4, max_batch=3)
+    results = generator.generate(PROMPTS, params, mode=mode)
+    assert_matches_reference(hf, PROMPTS, params, results, mode, window)
+    if mode != "ar" and case == "greedy":
+        assert max(r.tokens_per_forward for r in results) > 1  # parallel steps happened
+    assert len(generator.cache.free_pages) == generator.cache.num_pages  # all pages back
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_stop_tokens_end_requests_like_the_reference(tiny, mode):
+    hf, model = tiny
+    generator = Generator(model, window=4, page_size=8, max_batch=4)
+    free_run = generator.generate(PROMPTS, SamplingParams(max_new_tokens=12, threshold=2.8),
+                                  mode=mode)
+    # stop at a token each request really generates (its 4th), plus one never generated
+    params = [
+        SamplingParams(max_new_tokens=12, threshold=2.8, stop_token_ids=(r.token_ids[3], 298))
+        for r in free_run
+    ]
+    results = generator.generate(PROMPTS, params, mode=mode)
+    assert_matches_reference(hf, PROMPTS, params, results, mode, window=4)
+    assert all(r.finish_reason == "stop" for r in results)
+    assert all(len(r.token_ids) <= 4 for r in results)
+
+
+def test_zero_max_new_and_empty_prompt(tiny):
+    hf, model = tiny
+    generator = Generator(model, window=4, page_size=4)
+    params = [SamplingParams(max_new_tokens=0), SamplingParams(max_new_tokens=6, threshold=3.0),
+              SamplingParams(max_new_tokens=7, threshold=3.0)]
+    prompts = [[5, 6], [], [8, 9, 10]]  # the empty prompt is prefilled next to a real one
+    empty, from_nothing, other = generator.generate(prompts, params)
+    assert (empty.token_ids, empty.finish_reason, empty.forwards) == ([], "length", 0)
+    assert_matches_reference(hf, prompts[1:], params[1:], [from_nothing, other], "streaming", 4)
+
+
+def test_pages_are_given_back_when_decoding_fails(tiny, monkeypatch):
+    _, model = tiny
+    generator = Generator(model, window=4, page_size=4)
+
+    def broken_step(state, *args):
+        raise RuntimeError("step failed")
+
+    monkeypatch.setattr(generator, "_step", broken_step)
+    with pytest.raises(RuntimeError, match="step failed"):
+        generator.generate(PROMPTS, SamplingParams(max_new_tokens=5))
+    assert len(generator.cache.free_pages) == generator.cache.num_pages
+
+
+def test_ar_mode_equals_hf_greedy_generate(tiny):
+    hf, model = tiny
+    generator = Generator(model, window=4, page_size=4)
+    results = generator.generate(PROMPTS, SamplingParams(max_new_tokens=10), mode="ar")
+    for prompt, result in zip(PROMPTS, results):
+        input_ids = torch.tensor([prompt])
+        expected = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                               max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert result.token_ids == expected[0, len(prompt):].tolist()
+        assert (result.forwards, result.tokens_per_forward, result.p_cache) == (10, 1.0, 1.0)
+
+
+def test_cached_kv_of_committed_positions_equals_hf_causal_forward(tiny):
+    hf, model = tiny
+    generator = Generator(model, window=4, page_size=4, max_batch=4)
+    generator.trace = []
+    prompts = PROMPTS[:3]
+    results = generator.generate(prompts, SamplingParams(max_new_tokens=14, threshold=2.8))
+    cache = generator.cache
+    for index, (prompt, result) in enumerate(zip(prompts, results)):
+        last = [r for r in generator.trace if index in r["request"]
+                and r["win_len"][r["request"].index(index)] > 0][-1]
+        b = last["request"].index(index)  # the request's row in that step's batch
+        # K/V is final for positions committed before the sequence's last forward plus the
+        # leading filled run that forward committed (later tokens were never fed filled).
+        win_mask = last["win_mask"][b, : int(last["win_len"][b])].tolist()
+        run = (win_mask + [True]).index(True)
+        final = min(int(last["ctx_len"][b]) + run, len(prompt) + len(result.token_ids))
+        assert final >= len(prompt) + len(result.token_ids) - 4  # at most W tokens later
+        tokens = (prompt + result.token_ids)[:final]
+        positions = torch.arange(final)
+        pages = last["block_table"][b].long()[positions // cache.page_size]
+        for layer, (k_expected, v_expected) in enumerate(hf_key_values(hf, tokens)):
+            k = cache.k[layer][pages, positions % cache.page_size]
+            v = cache.v[layer][pages, positions % cache.page_size]
+            torch.testing.assert_close(k, k_expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(v, v_expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["streaming", "ar"])
+def test_a_seeded_request_does_not_depend_on_its_batch(tiny, mode):
+    _, model = tiny
+    target = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=50, top_p=0.95,
+                            threshold=3.0, seed=1234)
+    alone = Generator(model, window=4, page_size=4).generate([PROMPTS[0]], target, mode=mode)
+    others = [
+        SamplingParams(max_new_tokens=5, temperature=0.5, seed=1, threshold=None),
+        SamplingParams(max_new_tokens=16, threshold=2.5, seed=2),
+        SamplingParams(max_new_tokens=2, temperature=2.0, seed=3),
+    ]
+    batch = Generator(model, window=4, page_size=4, max_batch=4).generate(
+        [PROMPTS[2], PROMPTS[1], PROMPTS[0], PROMPTS[3]],
+        [others[0], others[1], target, others[2]], mode=mode,
+    )
+    assert batch[2].token_ids == alone[0].token_ids
+    assert batch[2].forwards == alone[0].forwards
+
+
+def test_unseeded_requests_are_reproducible_through_the_generator_seed(tiny):
+    _, model = tiny
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, threshold=3.0)
+    first = Generator(model, window=4, seed=7).generate(PROMPTS[:2], params)
+    second = Generator(model, window=4, seed=7).generate(PROMPTS[:2], params)
+    assert [r.token_ids for r in first] == [r.token_ids for r in second]
+    assert first[0].seed != first[1].seed
+
+
+def test_requests_wait_for_free_pages_and_decode_the_same(tiny):
+    _, model = tiny
+    params = SamplingParams(max_new_tokens=8, threshold=2.8)
+    roomy = Generator(model, window=4, page_size=4).generate(PROMPTS, params)
+    # room for one request at a time: the others wait until its pages are freed
+    tight = Generator(model, window=4, page_size=4, max_cache_tokens=36)
+    results = tight.generate(PROMPTS, params)
+    assert [r.token_ids for r in results] == [r.token_ids for r in roomy]
+    assert len(tight.cache.free_pages) == tight.cache.num_pages
+
+
+def test_a_request_that_can_never_fit_is_rejected_before_decoding(tiny):
+    _, model = tiny
+    generator = Generator(model, window=4, page_size=4, max_cache_tokens=16)
+    with pytest.raises(CacheFullError, match="prompt 1 needs 26 cache positions"):
+        generator.generate([[1, 2], [1, 2]], [SamplingParams(max_new_tokens=4),
+                                              SamplingParams(max_new_tokens=20)])
+
+
+def test_missing_mask_token_id_asks_for_one(tiny):
+    hf, model = tiny
+    config = model.config
+    object.__setattr__(config, "mask_token_id", None)  # as if config.json had none
+    try:
+        with pytest.raises(ValueError, match="mask_token_id"):
+            Generator(model, window=4).generate([[1, 2]], SamplingParams(max_new_tokens=3))
+        generator = Generator(model, window=4, mask_token_id=MASK_TOKEN_ID)
+        [result] = generator.generate([[1, 2]], SamplingParams(max_new_tokens=3))
+        assert len(result.token_ids) == 3
+        [ar] = Generator(model, window=4).generate([[1, 2]], SamplingParams(max_new_tokens=3),
+                                                   mode="ar")
+        assert len(ar.token_ids) == 3
+    finally:
+        object.__setattr__(config, "mask_token_id", MASK_TOKEN_ID)
+
+
+def test_on_tokens_streams_every_committed_token_in_order(tiny):
+    _, model = tiny
+    streamed: dict[int, list[int]] = {}
+    results = Generator(model, window=4, poll_every=2).generate(
+        PROMPTS[:2], SamplingParams(max_new_tokens=9, threshold=2.8),
+        on_tokens=lambda i, new: streamed.setdefault(i, []).extend(new),
+    )
+    assert streamed == {0: results[0].token_ids, 1: results[1].token_ids}
+
+
+FORBIDDEN = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__",
+             "__index__")
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypatch):
+    _, model = tiny
+    generator = Generator(model, window=4, page_size=4, max_batch=4)
+    step = generator._step
+    inside = []
+
+    def guarded_step(state, *args):
+        inside.append(True)
+        try:
+            step(state, *args)
+        finally:
+            inside.pop()
+
+    def forbid(name):
+        original = getattr(torch.Tensor, name)
+
+        def method(self, *args, **kwargs):
+            if inside:
+                raise AssertionError(f"Tensor.{name} called inside a decode step")
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in FORBIDDEN:
+        monkeypatch.setattr(torch.Tensor, name, forbid(name))
+    monkeypatch.setattr(generator, "_step", guarded_step)
+    results = generator.generate(PROMPTS, SamplingParams(max_new_tokens=8, threshold=2.8),
+                                 mode=mode)
+    assert all(len(r.token_ids) == 8 for r in results)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_cuda_graph_decoding_equals_eager(mode, tmp_path):
+    hf = build_tiny_model("qwen3")
+    model = load_model(save_checkpoint(hf, tmp_path), device="cuda", dtype=torch.float32)
+    params = [SamplingParams(max_new_tokens=n, threshold=2.8, temperature=t, seed=s)
+              for n, t, s in ((14, 0.0, 1), (9, 1.0, 2), (20, 0.7, 3), (5, 0.0, 4))]
+    eager = Generator(model, window=4, page_size=4, max_batch=3).generate(PROMPTS, params,
+                                                                           mode=mode)
+    graphed = Generator(model, window=4, page_size=4, max_batch=3, cuda_graph=True)
+    results = graphed.generate(PROMPTS, params, mode=mode)
+    assert [r.token_ids for r in results] == [r.token_ids for r in eager]
+    assert [r.forwards for r in results] == [r.forwards for r in eager]
+    assert [r.rows for r in results] == [r.rows for r in eager]
+    assert graphed.graphs.graphs  # something was captured
+    again = graphed.generate(PROMPTS, params, mode=mode)  # replays the captured graphs
+    assert [r.token_ids for r in again] == [r.token_ids for r in eager]
+
+
+@pytest.mark.cuda
+def test_cuda_decode_step_does_not_synchronise(tmp_path):
+    hf = build_tiny_model("qwen2")
+    model = load_model(save_checkpoint(hf, tmp_path), device="cuda", dtype=torch.float32)
+    generator = Generator(model, window=4, page_size=4, max_batch=4)
+    step = generator._step
+
+    def checked_step(state, *args):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step(state, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    generator._step = checked_step
+    results = generator.generate(PROMPTS, SamplingParams(max_new_tokens=8, threshold=2.8))
+    assert all(len(r.token_ids) == 8 for r in results)
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_decoding_runs_and_first_step_logits_track_fp32(tmp_path):
+    hf = build_tiny_model("qwen3")
+    directory = save_checkpoint(hf, tmp_path)
+    params = SamplingParams(max_new_tokens=16, threshold=2.8)
+    first_logits = []
+    for dtype in (torch.float32, torch.bfloat16):
+        generator = Generator(load_model(directory, "cuda", dtype), window=4)
+        generator.trace = []
+        results = generator.generate(PROMPTS, params)
+        assert all(len(r.token_ids) == 16 for r in results)
+        first_logits.append(generator.trace[0]["logits"].float())  # all-mask windows
+    torch.testing.assert_close(first_logits[1], first_logits[0], rtol=0.05, atol=0.25)
+
+
+class _EagerReplay:
+    """Stands in for a captured CUDA graph on the CPU: replay() runs the step again."""
+
+    def __init__(self, step, static, mode):
+        self.step, self.static, self.mode = step, static, mode
+
+    def replay(self):
+        self.step(self.static, self.mode)
+
+
+def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
+    """The CUDA-graph path's host logic (batch padded to a bucket, state copied into static
+    buffers, replays, compaction of the static state) on the CPU, with eager replays."""
+    from model_min.graphs import StepGraphs
+
+    _, model = tiny
+
+    class EagerGraphs(StepGraphs):
+        def _capture(self, like, mode):
+            static = self.static_buffers(like)
+            return _EagerReplay(self.step, static, mode), static
+
+    params = [SamplingParams(max_new_tokens=n, threshold=2.8, temperature=t, seed=s)
+              for n, t, s in ((14, 0.0, 1), (5, 1.0, 2), (20, 0.7, 3), (9, 0.0, 4))]
+    for mode in ("streaming", "ar"):
+        eager = Generator(model, window=4, page_size=4, max_batch=3).generate(
+            PROMPTS, params, mode=mode)
+        generator = Generator(model, window=4, page_size=4, max_batch=3)
+        generator.graphs = EagerGraphs(generator._step)
+        results = generator.generate(PROMPTS, params, mode=mode)
+        assert [r.token_ids for r in results] == [r.token_ids for r in eager]
+        assert [(r.forwards, r.rows) for r in results] == [(r.forwards, r.rows) for r in eager]
+        sizes = {dict((name, shape) for name, shape, _ in signature)["win_len"][0]
+                 for _, signature in generator.graphs.graphs}
+        assert len(sizes) >= 2  # several buckets were used
+        assert len(generator.cache.free_pages) == generator.cache.num_pages

@@ -1,0 +1,183 @@
+"""Reference window ops: `reorder_window` and `commit_window`, one sequence at a time.
+
+Literal restatements of docs/contracts.md ("reorder_window", "commit_window") with Python
+loops over plain lists. Step numbers in the comments are the numbered rules of that page.
+"""
+
+import torch
+
+
+def reorder_window(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reordered window rows: ``(input_ids, positions, slot_mapping, order, n_filled)``.
+
+    Shapes and dtypes as the op: ``[B, S]`` int64 (ids, positions, slots), ``[B, S]`` int32
+    (order) and ``[B]`` int32 (n_filled).
+    """
+    batch, slots = win_tokens.shape
+    pages = block_table.shape[1]
+    tokens, masks = win_tokens.tolist(), win_mask.tolist()
+    lengths, contexts, tables = win_len.tolist(), ctx_len.tolist(), block_table.tolist()
+
+    input_ids = [[0] * slots for _ in range(batch)]
+    positions = [[0] * slots for _ in range(batch)]
+    slot_mapping = [[-1] * slots for _ in range(batch)]
+    order = [list(range(slots)) for _ in range(batch)]
+    n_filled = [0] * batch
+    for b in range(batch):
+        n = min(max(lengths[b], 0), slots)
+        ctx = contexts[b]
+        # stable partition of the live slots: filled ones first, then the masks
+        filled = [s for s in range(n) if not masks[b][s]]
+        masked = [s for s in range(n) if masks[b][s]]
+        n_filled[b] = len(filled)
+        order[b][:n] = filled + masked
+        for j in range(slots):
+            if j >= n:  # padding row: order = j (already), position L, no cache write, id 0
+                positions[b][j] = ctx
+                continue
+            input_ids[b][j] = tokens[b][order[b][j]]
+            positions[b][j] = ctx + order[b][j]  # logical position (RoPE)
+            physical = ctx + j  # the cache slot of the physical row
+            page_index = physical // page_size
+            if 0 <= page_index < pages and tables[b][page_index] >= 0:
+                slot_mapping[b][j] = tables[b][page_index] * page_size + physical % page_size
+
+    device = win_tokens.device
+    return (
+        torch.tensor(input_ids, dtype=torch.int64, device=device).view(batch, slots),
+        torch.tensor(positions, dtype=torch.int64, device=device).view(batch, slots),
+        torch.tensor(slot_mapping, dtype=torch.int64, device=device).view(batch, slots),
+        torch.tensor(order, dtype=torch.int32, device=device).view(batch, slots),
+        torch.tensor(n_filled, dtype=torch.int32, device=device),
+    )
+
+
+def _effective_run(masks: list[bool], n: int, window: int, blockwise: bool) -> int:
+    """Rule 1: the leading run of filled live slots (block-wise: only a whole block counts)."""
+    run = 0
+    while run < n and not masks[run]:
+        run += 1
+    if not blockwise:
+        return run
+    block = min(window, n)
+    return block if run >= block else 0
+
+
+def _commit(
+    tokens: list[int], eff: int, out_row: list[int], out_len: int, limit: int, stops: set[int]
+) -> tuple[int, int, bool]:
+    """Rule 2: append up to ``eff`` leading tokens; returns ``(committed, out_len, finished)``."""
+    committed = 0
+    stopped = False
+    for token in tokens[:eff]:
+        if out_len + 1 > limit:  # this token would exceed the length limit
+            break
+        if 0 <= out_len < len(out_row):
+            out_row[out_len] = token
+        out_len += 1
+        committed += 1
+        if token in stops:  # a stop token is emitted and ends the run
+            stopped = True
+            break
+    return committed, out_len, stopped or out_len >= limit
+
+
+def commit_window(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    finished: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_new: torch.Tensor,
+    window: int,
+    mask_id: int,
+    blockwise: bool = False,
+) -> None:
+    """Commit, stop and length rules, shift, fill, early finish and refill, in place.
+
+    Mutates ``win_tokens, win_mask, win_len, ctx_len, out_tokens, out_len, finished``.
+    """
+    batch, slots = win_tokens.shape
+    capacity = out_tokens.shape[1]
+    rows = row_pos.shape[0]
+    tokens, masks = win_tokens.tolist(), win_mask.tolist()
+    lengths, contexts = win_len.tolist(), ctx_len.tolist()
+    outputs, out_lengths, done = out_tokens.tolist(), out_len.tolist(), finished.tolist()
+    offsets, positions = cu_rows.tolist(), row_pos.tolist()
+    sampled, chosen = token.tolist(), selected.tolist()
+    stop_lists, limits = stop_ids.tolist(), max_new.tolist()
+
+    for b in range(batch):
+        if done[b] or lengths[b] <= 0:  # inactive: not touched at all
+            continue
+        limit = min(max(limits[b], 0), capacity)
+        n = min(lengths[b], slots)
+        stops = {s for s in stop_lists[b] if s >= 0}
+        window_tokens, window_masks = tokens[b][:n], masks[b][:n]
+
+        # 1. leading run (as fed to the forward)
+        eff = _effective_run(window_masks, n, window, blockwise)
+        # 2. commit it with the stop and length rules
+        committed, out_lengths[b], is_finished = _commit(
+            window_tokens, eff, outputs[b], out_lengths[b], limit, stops
+        )
+        contexts[b] += committed
+        if is_finished:
+            # 3. finished: no live slots remain
+            done[b] = True
+            new_len = 0
+        else:
+            # 4. shift left by the committed slots
+            window_tokens = window_tokens[committed:]
+            window_masks = window_masks[committed:]
+            n -= committed
+            # 5. fill: selected rows of this sequence land in their (shifted) mask slots
+            for r in range(max(offsets[b], 0), min(offsets[b + 1], rows)):
+                if not chosen[r] or positions[r] < 0:
+                    continue
+                s = positions[r] - contexts[b]
+                if 0 <= s < n and window_masks[s]:
+                    window_tokens[s] = sampled[r]
+                    window_masks[s] = False
+            # 6. early finish: commit the new leading run now if that finishes the sequence
+            eff = _effective_run(window_masks, n, window, blockwise)
+            has_stop = any(t in stops for t in window_tokens[:eff])
+            if has_stop or out_lengths[b] + eff >= limit:
+                committed, out_lengths[b], _ = _commit(
+                    window_tokens, eff, outputs[b], out_lengths[b], limit, stops
+                )
+                contexts[b] += committed
+                done[b] = True
+                new_len = 0
+            else:
+                # 7. refill: eff new masks, clamped to the max_new limit and the capacity
+                new_len = min(n + eff, limit - out_lengths[b], slots)
+        # 8. every slot >= win_len is a mask; slots < win_len keep the shifted, filled window
+        for s in range(slots):
+            if s < new_len and s < n:
+                tokens[b][s], masks[b][s] = window_tokens[s], window_masks[s]
+            else:
+                tokens[b][s], masks[b][s] = mask_id, True
+        lengths[b] = new_len
+
+    win_tokens.copy_(torch.tensor(tokens, dtype=torch.int64).view(batch, slots))
+    win_mask.copy_(torch.tensor(masks, dtype=torch.bool).view(batch, slots))
+    win_len.copy_(torch.tensor(lengths, dtype=torch.int32))
+    ctx_len.copy_(torch.tensor(contexts, dtype=torch.int32))
+    out_tokens.copy_(torch.tensor(outputs, dtype=torch.int64).view(batch, capacity))
+    out_len.copy_(torch.tensor(out_lengths, dtype=torch.int32))
+    finished.copy_(torch.tensor(done, dtype=torch.bool))

@@ -1,0 +1,261 @@
+"""reorder_window: the stable filled-first partition, logical positions, physical cache slots."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import wedlm_kernels as wk
+from reference.window import reorder_window as reorder_reference
+from wedlm_kernels import _validate
+
+MASK = 99
+OUTPUTS = ("input_ids", "positions", "slot_mapping", "order", "n_filled")
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def random_window_state(seed: int, batch: int, window: int, page_size: int):
+    """Random windows (any filled/mask pattern, junk past win_len) and sparse page tables."""
+    rng = random.Random(seed)
+    slots = 2 * window
+    tokens, masks, lengths, contexts = [], [], [], []
+    for _ in range(batch):
+        lengths.append(rng.choice([0, slots, rng.randint(0, slots)]))
+        contexts.append(rng.randint(0, 40))
+        mask_rate = rng.choice([0.0, 0.3, 0.7, 1.0, rng.random()])
+        row_masks = [rng.random() < mask_rate for _ in range(slots)]
+        masks.append(row_masks)
+        tokens.append([MASK if m else rng.randrange(50) for m in row_masks])
+        for s in range(lengths[-1], slots):  # slots past win_len hold anything
+            tokens[-1][s], masks[-1][s] = rng.randrange(200), rng.random() < 0.5
+    needed = max((c + slots + page_size - 1) // page_size for c in contexts) if batch else 0
+    pages = max(0, needed + rng.choice([0, 0, 1, -1, -2]))  # sometimes too narrow
+    pool = rng.sample(range(4 * batch * max(pages, 1) + 8), batch * pages)
+    table = [pool[b * pages : (b + 1) * pages] for b in range(batch)]
+    for row in table:
+        for p in range(pages):
+            if rng.random() < 0.1:
+                row[p] = -1  # no page
+    return (
+        torch.tensor(tokens, dtype=torch.int64).view(batch, slots),
+        torch.tensor(masks, dtype=torch.bool).view(batch, slots),
+        _i32(lengths),
+        _i32(contexts),
+        torch.tensor(table, dtype=torch.int32).view(batch, pages),
+        page_size,
+    )
+
+
+def assert_outputs_equal(actual, expected):
+    for name, a, e in zip(OUTPUTS, actual, expected):
+        assert a.dtype == e.dtype, name
+        assert torch.equal(a, e), f"{name}:\n{a}\n!=\n{e}"
+
+
+@pytest.fixture(params=["op", "reference"])
+def reorder(request):
+    """The hand-computed cases pin the op and the reference alike."""
+    return wk.reorder_window if request.param == "op" else reorder_reference
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    batch=st.integers(0, 5),
+    window=st.integers(1, 8),
+    page_size=st.integers(1, 16),
+)
+def test_matches_reference_on_random_windows_and_page_tables(seed, batch, window, page_size):
+    args = random_window_state(seed, batch, window, page_size)
+    assert_outputs_equal(wk.reorder_window(*args), reorder_reference(*args))
+
+
+@given(seed=st.integers(0, 2**32 - 1), window=st.integers(1, 8), page_size=st.integers(1, 16))
+def test_order_is_a_stable_filled_first_partition_that_keeps_the_leading_run(
+    seed, window, page_size
+):
+    args = random_window_state(seed, 4, window, page_size)
+    win_tokens, win_mask, win_len = args[:3]
+    _, _, _, order, n_filled = wk.reorder_window(*args)
+    for b in range(4):
+        n = int(win_len[b])
+        rows = order[b, :n].tolist()
+        assert sorted(rows) == list(range(n))
+        filled = [s for s in range(n) if not win_mask[b, s]]
+        assert int(n_filled[b]) == len(filled)
+        assert rows[: len(filled)] == filled  # ascending filled slots
+        assert rows[len(filled) :] == [s for s in range(n) if win_mask[b, s]]
+        run = 0
+        while run < n and not win_mask[b, run]:
+            run += 1
+        assert rows[:run] == list(range(run))  # prefix cacheability: the run stays in place
+
+
+def test_worked_example_orders_filled_first_at_logical_positions_and_physical_slots(reorder):
+    # ALGORITHM.md section 3: L = 10, window [a, M, c, M, M], S = 8, page size 4
+    a, c = 5, 7
+    win_tokens = torch.tensor([[a, MASK, c, MASK, MASK, MASK, MASK, MASK]])
+    block_table = _i32([[6, 0, 9, 2, 4]])
+    ids, positions, slots, order, n_filled = reorder(
+        win_tokens, win_tokens == MASK, _i32([5]), _i32([10]), block_table, 4
+    )
+    assert order[0, :5].tolist() == [0, 2, 1, 3, 4]
+    assert ids[0, :5].tolist() == [a, c, MASK, MASK, MASK]
+    assert positions[0, :5].tolist() == [10, 12, 11, 13, 14]
+    # physical rows 0..4 write positions 10..14: page 9 offsets 2, 3; page 2 offsets 0..2
+    assert slots[0, :5].tolist() == [38, 39, 8, 9, 10]
+    assert n_filled.tolist() == [2]
+
+
+def test_padding_rows_have_order_j_position_ctx_slot_minus_one_and_id_zero(reorder):
+    win_tokens = torch.tensor([[MASK, 3, MASK, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    win_mask = win_tokens == MASK
+    block_table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    ids, positions, slots, order, n_filled = reorder(
+        win_tokens, win_mask, _i32([3, 0]), _i32([5, 2]), block_table, 4
+    )
+    assert order.tolist() == [[1, 0, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    assert ids.tolist() == [[3, MASK, MASK, 0, 0, 0], [0] * 6]
+    assert positions.tolist() == [[6, 5, 7, 5, 5, 5], [2] * 6]
+    assert slots.tolist() == [[5, 6, 7, -1, -1, -1], [-1] * 6]
+    assert n_filled.tolist() == [1, 0]
+
+
+def test_rows_past_the_page_table_or_on_a_negative_page_get_slot_minus_one(reorder):
+    win_tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    block_table = _i32([[3, -1, 5]])  # page 1 missing, pages >= 3 not in the table
+    *_, slots, _, _ = reorder(
+        win_tokens, torch.zeros(1, 6, dtype=torch.bool), _i32([6]), _i32([3]), block_table, 2
+    )
+    # positions 3..8 -> pages 1, 2, 2, 3, 3, 4 (offsets 1, 0, 1, 0, 1, 0)
+    assert slots.tolist() == [[-1, 10, 11, -1, -1, -1]]
+
+
+def test_empty_page_table_drops_every_write(reorder):
+    win_tokens = torch.tensor([[1, MASK, 2]])
+    *_, slots, _, _ = reorder(
+        win_tokens, win_tokens == MASK, _i32([3]), _i32([0]),
+        torch.empty(1, 0, dtype=torch.int32), 16,
+    )
+    assert slots.tolist() == [[-1, -1, -1]]
+
+
+def test_slots_past_win_len_are_never_read(reorder):
+    args = list(random_window_state(7, 3, 4, 3))
+    args[2] = _i32([2, 5, 0])
+    first = reorder(*args)
+    junk_tokens, junk_mask = args[0].clone(), args[1].clone()
+    for b, n in enumerate([2, 5, 0]):
+        junk_tokens[b, n:] = 1234
+        junk_mask[b, n:] = ~junk_mask[b, n:]
+    second = reorder(junk_tokens, junk_mask, *args[2:])
+    assert_outputs_equal(second, first)
+
+
+def test_win_len_is_clamped_to_zero_and_the_capacity(reorder, monkeypatch):
+    monkeypatch.setattr(_validate, "DEBUG", False)  # out-of-range values, defined behaviour
+    win_tokens = torch.tensor([[MASK, 1, 2], [MASK, 1, 2]])
+    block_table = _i32([[0, 1], [2, 3]])
+    ids, positions, slots, order, n_filled = reorder(
+        win_tokens, win_tokens == MASK, _i32([-2, 9]), _i32([1, 1]), block_table, 2
+    )
+    assert order.tolist() == [[0, 1, 2], [1, 2, 0]]
+    assert ids.tolist() == [[0, 0, 0], [1, 2, MASK]]
+    assert positions.tolist() == [[1, 1, 1], [2, 3, 1]]
+    assert slots.tolist() == [[-1, -1, -1], [5, 6, 7]]
+    assert n_filled.tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("batch, slots", [(0, 4), (3, 0), (0, 0)])
+def test_empty_batch_or_window_gives_empty_outputs(reorder, batch, slots):
+    args = (
+        torch.zeros(batch, slots, dtype=torch.int64), torch.zeros(batch, slots, dtype=torch.bool),
+        torch.zeros(batch, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32),
+        torch.zeros(batch, 2, dtype=torch.int32), 4,
+    )
+    outputs = reorder(*args)
+    assert [tuple(t.shape) for t in outputs] == [(batch, slots)] * 4 + [(batch,)]
+    assert [t.dtype for t in outputs] == [torch.int64] * 3 + [torch.int32] * 2
+    assert not outputs[4].any()
+
+
+def test_outputs_are_fresh_tensors_and_inputs_are_unchanged():
+    args = random_window_state(3, 3, 4, 5)
+    before = [a.clone() for a in args[:5]]
+    outputs = wk.reorder_window(*args)
+    for a, b in zip(args[:5], before):
+        assert torch.equal(a, b)
+    for out in outputs:
+        assert all(out.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+                   for a in args[:5])
+
+
+def _valid_args():
+    return list(random_window_state(0, 2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    "index, name, bad",
+    [
+        (0, "win_tokens", torch.zeros(2, 6, dtype=torch.int32)),
+        (1, "win_mask", torch.zeros(2, 6, dtype=torch.int64)),
+        (2, "win_len", torch.zeros(2, dtype=torch.int64)),
+        (3, "ctx_len", torch.zeros(2, dtype=torch.int64)),
+        (4, "block_table", torch.zeros(2, 3, dtype=torch.int64)),
+        (5, "page_size", 4.0),
+    ],
+)
+def test_wrong_dtype_or_type_is_a_type_error_naming_the_argument(index, name, bad):
+    args = _valid_args()
+    args[index] = bad
+    with pytest.raises(TypeError, match=name):
+        wk.reorder_window(*args)
+
+
+@pytest.mark.parametrize(
+    "index, name, bad",
+    [
+        (1, "win_mask", torch.zeros(2, 5, dtype=torch.bool)),
+        (2, "win_len", torch.zeros(3, dtype=torch.int32)),
+        (3, "ctx_len", torch.zeros(2, 1, dtype=torch.int32)),
+        (4, "block_table", torch.zeros(3, 4, dtype=torch.int32)),
+        (5, "page_size", 0),
+    ],
+)
+def test_wrong_shape_batch_or_page_size_is_a_value_error_naming_the_argument(index, name, bad):
+    args = _valid_args()
+    args[index] = bad
+    with pytest.raises(ValueError, match=name):
+        wk.reorder_window(*args)
+
+
+def test_strided_inputs_are_accepted():
+    args = _valid_args()
+    wide_tokens = torch.zeros(2, 12, dtype=torch.int64)
+    wide_tokens[:, ::2] = args[0]
+    expected = wk.reorder_window(*args)
+    assert_outputs_equal(wk.reorder_window(wide_tokens[:, ::2], *args[1:]), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_mixed_devices_are_a_value_error():
+    args = _valid_args()
+    args[2] = args[2].cuda()
+    with pytest.raises(ValueError, match="win_len"):
+        wk.reorder_window(*args)
+
+
+def test_debug_mode_rejects_win_len_above_capacity_and_negative_ctx_len(monkeypatch):
+    monkeypatch.setattr(_validate, "DEBUG", True)
+    args = _valid_args()
+    wk.reorder_window(*args)
+    args[2] = _i32([7, 1])
+    with pytest.raises(ValueError, match="win_len"):
+        wk.reorder_window(*args)
+    args[2], args[3] = _i32([6, 1]), _i32([0, -1])
+    with pytest.raises(ValueError, match="ctx_len"):
+        wk.reorder_window(*args)

@@ -1,0 +1,339 @@
+"""commit_window: commit, stop and length rules, window shift, fill and refill.
+
+The last op of a decode step (ALGORITHM.md section 4, steps 2 and 7; docs/contracts.md
+"commit_window" rules 1-8). It updates the whole decoder state in place without a host
+synchronisation, so a step can be captured in a CUDA graph.
+"""
+
+import torch
+
+from .. import _validate
+from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
+
+
+def commit_window(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    finished: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_new: torch.Tensor,
+    window: int,
+    mask_id: int,
+    blockwise: bool = False,
+) -> None:
+    """Commit the leading filled run, write the selected tokens and refill the window.
+
+    The window state on entry is the one fed to the forward; ``cu_rows``, ``row_pos``,
+    ``token`` and ``selected`` are the ``select_tokens`` inputs and outputs of that forward.
+    A sequence is active iff ``finished[b]`` is False and ``win_len[b] > 0``; inactive
+    sequences are not touched. For an active sequence, with ``limit = min(max(max_new[b],
+    0), T)``:
+
+    1. the leading run of filled live slots is committed (block-wise: only when the whole
+       block of ``min(window, win_len)`` slots is filled), stopping at the length limit; a
+       stop token is committed and ends the run; the sequence finishes on a stop token or
+       when ``out_len == limit`` (then ``win_len = 0``);
+    2. otherwise the window shifts left by the committed slots and each selected row with
+       ``row_pos >= 0`` writes its token into the mask slot ``row_pos - ctx_len`` (new
+       ``ctx_len``) if that slot is live and still a mask;
+    3. if committing the new leading run would finish the sequence, it is committed now
+       (early finish: no further forward is needed) and ``win_len = 0``;
+    4. otherwise the window is refilled with as many masks as its leading run:
+       ``win_len = min(n + run, limit - out_len, S)`` (never past ``prompt_len + max_new``).
+
+    Slots ``>= win_len`` of active sequences end as ``mask_id``/True. ``out_tokens`` is only
+    written at columns ``[old out_len, new out_len)``.
+
+    Args:
+        win_tokens: ``[B, S]`` int64, contiguous; window tokens (mutated).
+        win_mask: ``[B, S]`` bool, contiguous; True where a slot is a mask (mutated).
+        win_len: ``[B]`` int32, contiguous; live slots, ``<= S`` (mutated).
+        ctx_len: ``[B]`` int32, contiguous; committed tokens incl. the prompt (mutated).
+        cu_rows: ``[B+1]`` int32; rows ``cu_rows[b] .. cu_rows[b+1]-1`` belong to sequence
+            ``b`` (non-decreasing, within ``[0, R]``).
+        row_pos: ``[R]`` int64; absolute position each row predicts, -1 for padding rows.
+        token: ``[R]`` int64; the sampled token of each row.
+        selected: ``[R]`` bool; rows whose token is written into the window.
+        out_tokens: ``[B, T]`` int64, contiguous; generated tokens (mutated).
+        out_len: ``[B]`` int32, contiguous; generated tokens so far, ``<= T`` (mutated).
+        finished: ``[B]`` bool, contiguous; finished sequences (mutated).
+        stop_ids: ``[B, K]`` int64; stop token ids, negative entries are padding (``K`` may
+            be 0).
+        max_new: ``[B]`` int32; maximum generated tokens per sequence.
+        window: the window size ``W`` (``> 0``); the block size when ``blockwise``.
+        mask_id: the mask token id (``>= 0``), written into freed slots.
+        blockwise: the block-wise baseline instead of streaming.
+
+    Returns:
+        None; the seven state tensors are updated in place.
+
+    Example:
+        >>> import torch, wedlm_kernels as wk
+        >>> M = 99  # ALGORITHM.md's worked example: window [a, M, c, M, M] at L = 10
+        >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
+        >>> win_mask, win_len = win_tokens == M, torch.tensor([5], dtype=torch.int32)
+        >>> ctx_len, out_len = torch.tensor([10], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        >>> out_tokens, finished = torch.zeros(1, 8, dtype=torch.int64), torch.tensor([False])
+        >>> wk.commit_window(win_tokens, win_mask, win_len, ctx_len,
+        ...     torch.tensor([0, 3], dtype=torch.int32), torch.tensor([11, 13, 14]),
+        ...     torch.tensor([21, 23, 24]), torch.tensor([True, True, False]),
+        ...     out_tokens, out_len, finished, torch.full((1, 1), -1),
+        ...     torch.tensor([8], dtype=torch.int32), window=4, mask_id=M)
+        >>> out_tokens[0, :1].tolist(), win_tokens[0, :win_len[0]].tolist(), ctx_len.tolist()
+        ([5], [21, 7, 23, 99, 99, 99, 99], [11])
+    """
+    dims = Dims()
+    check_tensor("win_tokens", win_tokens, torch.int64, ("B", "S"), dims, contiguous=True)
+    check_tensor("win_mask", win_mask, torch.bool, ("B", "S"), dims, contiguous=True)
+    check_tensor("win_len", win_len, torch.int32, ("B",), dims, contiguous=True)
+    check_tensor("ctx_len", ctx_len, torch.int32, ("B",), dims, contiguous=True)
+    check_tensor("cu_rows", cu_rows, torch.int32, ("B+1",), dims)
+    check_tensor("row_pos", row_pos, torch.int64, ("R",), dims)
+    check_tensor("token", token, torch.int64, ("R",), dims)
+    check_tensor("selected", selected, torch.bool, ("R",), dims)
+    check_tensor("out_tokens", out_tokens, torch.int64, ("B", "T"), dims, contiguous=True)
+    check_tensor("out_len", out_len, torch.int32, ("B",), dims, contiguous=True)
+    check_tensor("finished", finished, torch.bool, ("B",), dims, contiguous=True)
+    check_tensor("stop_ids", stop_ids, torch.int64, ("B", "K"), dims)
+    check_tensor("max_new", max_new, torch.int32, ("B",), dims)
+    check_same_device(
+        win_tokens=win_tokens, win_mask=win_mask, win_len=win_len, ctx_len=ctx_len,
+        cu_rows=cu_rows, row_pos=row_pos, token=token, selected=selected,
+        out_tokens=out_tokens, out_len=out_len, finished=finished, stop_ids=stop_ids,
+        max_new=max_new,
+    )
+    check_int("window", window, minimum=1)
+    check_int("mask_id", mask_id, minimum=0)
+    if not isinstance(blockwise, bool):
+        raise TypeError(f"`blockwise` must be a bool, got {type(blockwise).__name__}")
+    if _validate.DEBUG:
+        _debug_checks(win_len, ctx_len, cu_rows, row_pos, selected, out_len, dims)
+    torch.ops.wedlm.commit_window(
+        win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
+        out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
+    )
+
+
+def _debug_checks(
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    selected: torch.Tensor,
+    out_len: torch.Tensor,
+    dims: Dims,
+) -> None:
+    """Value checks of WEDLM_KERNELS_DEBUG=1 (they synchronise with the device)."""
+    slots, capacity, rows = dims["S"], dims["T"], dims["R"]
+    debug_check((win_len >= 0) & (win_len <= slots), "win_len must be within [0, S]")
+    debug_check(ctx_len >= 0, "ctx_len must be >= 0")
+    debug_check((out_len >= 0) & (out_len <= capacity), "out_len must be within [0, T]")
+    debug_check(
+        (cu_rows[:-1] <= cu_rows[1:]).all() & (cu_rows[0] >= 0) & (cu_rows[-1] <= rows),
+        "cu_rows must be non-decreasing within [0, R]",
+    )
+    # duplicate selected positions within a sequence: distinct (sequence, position) keys.
+    # searchsorted gives b + 1 for the rows of sequence b, 0 and B + 1 outside every sequence.
+    row_seq = torch.searchsorted(
+        cu_rows.contiguous(), torch.arange(rows, dtype=torch.int32, device=cu_rows.device),
+        right=True,
+    ).to(torch.int64)
+    in_sequence = (row_seq >= 1) & (row_seq <= cu_rows.shape[0] - 1)
+    chosen = selected & (row_pos >= 0) & in_sequence
+    keys = torch.stack([row_seq[chosen], row_pos[chosen]], dim=1)
+    debug_check(
+        torch.unique(keys, dim=0).shape[0] == keys.shape[0],
+        "selected rows of a sequence must predict distinct positions (row_pos)",
+    )
+
+
+def _effective_run(
+    win_mask: torch.Tensor, live_len: torch.Tensor, window: int, blockwise: bool
+) -> torch.Tensor:
+    """Rule 1: per sequence, the leading run of filled live slots that counts as committable.
+
+    ``win_mask`` ``[B, C]``, ``live_len`` ``[B]`` int64 (``<= C``). Streaming: the run;
+    block-wise: ``min(window, live_len)`` if the run covers that block, else 0.
+    """
+    slot = torch.arange(win_mask.shape[1], device=win_mask.device)
+    not_filled = win_mask | (slot >= live_len.unsqueeze(1))
+    # the run is the number of slots before the first slot that is not a filled live slot
+    run = (torch.cumsum(not_filled.to(torch.int64), dim=1) == 0).sum(dim=1)
+    if not blockwise:
+        return run
+    block = live_len.clamp(max=window)
+    return torch.where(run >= block, block, 0)
+
+
+def _commit_count(
+    tokens: torch.Tensor,
+    eff: torch.Tensor,
+    out_len: torch.Tensor,
+    limit: torch.Tensor,
+    stop_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule 2 without writing: ``(committed, finishes)`` per sequence.
+
+    Slot ``s`` of ``tokens`` ``[B, C]`` is committed iff ``s < eff`` (the run), ``s <
+    limit - out_len`` (length rule) and no stop token precedes it in the window (a stop
+    token itself is committed). The sequence finishes on a committed stop token or when the
+    output reaches ``limit``.
+    """
+    slot = torch.arange(tokens.shape[1], device=tokens.device)
+    is_stop = ((tokens.unsqueeze(2) == stop_ids.unsqueeze(1)) & (stop_ids.unsqueeze(1) >= 0)).any(
+        dim=2
+    )
+    stops_before = torch.cumsum(is_stop.to(torch.int64), dim=1) - is_stop.to(torch.int64)
+    taken = (
+        (slot < eff.unsqueeze(1))
+        & (slot < (limit - out_len).unsqueeze(1))
+        & (stops_before == 0)
+    )
+    committed = taken.sum(dim=1)
+    finishes = (taken & is_stop).any(dim=1) | (out_len + committed >= limit)
+    return committed, finishes
+
+
+def _append(
+    out_tokens: torch.Tensor, out_len: torch.Tensor, tokens: torch.Tensor, committed: torch.Tensor
+) -> torch.Tensor:
+    """Output columns ``out_len + i`` (``i < committed``) take window slot ``i``.
+
+    A full-row select over the ``T`` columns: every column reads at most one window slot,
+    so no two writes race and columns outside the committed range keep their value.
+    """
+    column = torch.arange(out_tokens.shape[1], device=out_tokens.device)
+    offset = column - out_len.unsqueeze(1)  # [B, T]: window slot feeding each column
+    write = (offset >= 0) & (offset < committed.unsqueeze(1))
+    source = torch.gather(tokens, 1, offset.clamp(0, tokens.shape[1] - 1))
+    return torch.where(write, source, out_tokens)
+
+
+def commit_window_torch(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    finished: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_new: torch.Tensor,
+    window: int,
+    mask_id: int,
+    blockwise: bool = False,
+) -> None:
+    batch, slots = win_tokens.shape
+    if batch == 0:
+        return
+    device = win_tokens.device
+    capacity = out_tokens.shape[1]
+    # Work on a window with one extra "sink" slot per sequence (always a mask): shifted-in
+    # slots and dropped fill writes land there, and it keeps every gather in bounds (S = 0).
+    sink = slots
+    tokens = torch.cat([win_tokens, win_tokens.new_full((batch, 1), mask_id)], dim=1)
+    masks = torch.cat([win_mask, win_mask.new_ones((batch, 1))], dim=1)
+    slot = torch.arange(slots + 1, device=device)
+
+    active = ~finished & (win_len > 0)
+    live_len = win_len.to(torch.int64).clamp(0, slots)
+    limit = max_new.to(torch.int64).clamp(0, capacity)
+    length = out_len.to(torch.int64)
+    context = ctx_len.to(torch.int64)
+
+    # 1-3. commit the leading run as fed to the forward
+    eff = _effective_run(masks, live_len, window, blockwise)
+    committed, finishes = _commit_count(tokens, eff, length, limit, stop_ids)
+    committed = torch.where(active, committed, 0)
+    outputs = _append(out_tokens, length, tokens, committed)
+    length = length + committed
+    context = context + committed
+    finished_now = active & finishes
+    keep = active & ~finished_now  # sequences that go on to shift, fill and refill
+
+    # 4. shift left by the committed slots; slots past the remaining live ones are masks
+    live_len = live_len - committed
+    source = (slot + committed.unsqueeze(1)).clamp(max=sink)
+    beyond = slot >= live_len.unsqueeze(1)
+    tokens = torch.where(beyond, mask_id, torch.gather(tokens, 1, source))
+    masks = beyond | torch.gather(masks, 1, source)
+
+    # 5. fill: row r belongs to the sequence b with cu_rows[b] <= r < cu_rows[b+1]
+    rows = row_pos.shape[0]
+    row = torch.arange(rows, dtype=cu_rows.dtype, device=device)
+    row_seq = torch.searchsorted(cu_rows.contiguous(), row, right=True).to(torch.int64) - 1
+    seq = row_seq.clamp(0, batch - 1)
+    belongs = (
+        (row_seq >= 0) & (row_seq < batch) & (cu_rows[seq] <= row) & (row < cu_rows[seq + 1])
+    )
+    target = row_pos - context[seq]  # the slot after the shift
+    fill = (
+        belongs & selected & (row_pos >= 0) & keep[seq]
+        & (target >= 0) & (target < live_len[seq])
+    )
+    flat_index = seq * (slots + 1) + torch.where(fill, target, sink)
+    fill = fill & masks.reshape(-1)[flat_index]  # only slots that are still masks
+    flat_index = seq * (slots + 1) + torch.where(fill, target, sink)
+    tokens = tokens.reshape(-1).scatter(0, flat_index, torch.where(fill, token, mask_id))
+    masks = masks.reshape(-1).scatter(0, flat_index, ~fill)
+    tokens, masks = tokens.view(batch, slots + 1), masks.view(batch, slots + 1)
+
+    # 6. early finish: commit the new leading run now if committing it finishes the sequence
+    eff = _effective_run(masks, live_len, window, blockwise)
+    early_count, early = _commit_count(tokens, eff, length, limit, stop_ids)
+    early = keep & early
+    early_count = torch.where(early, early_count, 0)
+    outputs = _append(outputs, length, tokens, early_count)
+    length = length + early_count
+    context = context + early_count
+    keep = keep & ~early
+
+    # 7. refill with eff masks (the slots past live_len already are), within limit and S
+    refilled = torch.minimum(live_len + eff, limit - length).clamp(max=slots)
+    new_len = torch.where(keep, refilled, torch.where(active, 0, win_len.to(torch.int64)))
+
+    # 8. slots >= win_len of an active sequence are masks; inactive sequences keep everything
+    reset = slot[:slots] >= new_len.unsqueeze(1)
+    new_tokens = torch.where(reset, mask_id, tokens[:, :slots])
+    new_masks = reset | masks[:, :slots]
+    keep_old = ~active.unsqueeze(1)
+    win_tokens.copy_(torch.where(keep_old, win_tokens, new_tokens))
+    win_mask.copy_(torch.where(keep_old, win_mask, new_masks))
+    win_len.copy_(new_len.to(torch.int32))
+    ctx_len.copy_(context.to(torch.int32))
+    out_tokens.copy_(outputs)
+    out_len.copy_(length.to(torch.int32))
+    finished.copy_(finished | finished_now | early)
+
+
+def commit_window_fake(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    finished: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_new: torch.Tensor,
+    window: int,
+    mask_id: int,
+    blockwise: bool = False,
+) -> None:
+    return None

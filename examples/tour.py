@@ -1,0 +1,106 @@
+"""A tour of the public ops: a toy one-layer model decoded with WeDLM streaming steps.
+
+Every decode step is the pipeline of DESIGN.md section 3:
+reorder_window -> (rope_kv_append, paged_attention) per layer -> lm_head on mask rows ->
+select_tokens -> commit_window. The weights are random, so the tokens are noise; what the
+tour shows is the data flow, the shapes and the state after each step.
+
+Run: python examples/tour.py   (or `make demo`)
+"""
+
+import torch
+
+import wedlm_kernels as wk
+
+torch.manual_seed(0)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+
+# toy model: vocab 64 (id 63 is the mask), one attention layer, GQA 4 query / 2 KV heads
+vocab, mask_id, hidden, q_heads, kv_heads, head_dim = 64, 63, 32, 4, 2, 8
+embed = torch.randn(vocab, hidden, device=device)
+w_qkv = torch.randn(hidden, (q_heads + 2 * kv_heads) * head_dim, device=device) / hidden**0.5
+w_out = torch.randn(q_heads * head_dim, hidden, device=device) / hidden**0.5
+lm_head = torch.randn(hidden, vocab, device=device)
+
+# decoder state (DESIGN.md section 3): 2 sequences, window 4, slot capacity 8
+batch, window, slots, page_size, pages_per_seq = 2, 4, 8, 4, 8
+prompts = [[1, 2, 3, 4, 5], [7, 8]]
+max_new = torch.tensor([10, 6], dtype=torch.int32, device=device)
+block_table = torch.arange(batch * pages_per_seq, dtype=torch.int32, device=device).view(batch, -1)
+k_cache = torch.zeros(batch * pages_per_seq, page_size, kv_heads, head_dim, device=device)
+v_cache = torch.zeros_like(k_cache)
+cos_sin = wk.rope_cache(pages_per_seq * page_size, head_dim, theta=10000.0, device=device)
+
+win_tokens = torch.full((batch, slots), mask_id, device=device)
+win_mask = torch.ones(batch, slots, dtype=torch.bool, device=device)
+win_len = torch.minimum(max_new, torch.tensor(window, device=device)).to(torch.int32)
+ctx_len = torch.tensor([len(p) for p in prompts], dtype=torch.int32, device=device)
+out_tokens = torch.zeros(batch, 16, dtype=torch.int64, device=device)
+out_len = torch.zeros(batch, dtype=torch.int32, device=device)
+finished = torch.zeros(batch, dtype=torch.bool, device=device)
+stop_ids = torch.full((batch, 1), -1, device=device)
+params = dict(
+    temperature=torch.tensor([0.0, 0.8], device=device),  # greedy, sampled
+    top_k=torch.tensor([0, 20], dtype=torch.int32, device=device),
+    top_p=torch.tensor([1.0, 0.9], device=device),
+    threshold=torch.tensor([2.0, 2.0], device=device),  # loose: several tokens per step
+    penalty=torch.tensor([0.02, 0.02], device=device),
+    seed=torch.tensor([1234, 5678], device=device),
+)
+
+
+def layer(input_ids, positions, slot_mapping, ctx, q_len):
+    """One attention layer over [batch, rows] tokens; returns hidden states [batch, rows, hidden]."""
+    rows = input_ids.shape[1]
+    qkv = (embed[input_ids] @ w_qkv).view(batch * rows, -1)
+    q = qkv[:, : q_heads * head_dim].view(-1, q_heads, head_dim)  # strided views: no copy
+    k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(-1, kv_heads, head_dim)
+    v = qkv[:, (q_heads + kv_heads) * head_dim :].view(-1, kv_heads, head_dim)
+    q = wk.rope_kv_append(q, k, v, positions.reshape(-1), cos_sin, k_cache, v_cache,
+                          slot_mapping.reshape(-1))
+    attn = wk.paged_attention(q.view(batch, rows, q_heads, head_dim), k_cache, v_cache,
+                              block_table, ctx, q_len, scale=head_dim**-0.5)
+    return attn.reshape(batch, rows, -1) @ w_out
+
+
+# prefill: the prompts, causal, ctx_len 0; no logits (masks have no shift, ALGORITHM.md 2)
+prompt_len = max(len(p) for p in prompts)
+prompt_ids = torch.zeros(batch, prompt_len, dtype=torch.int64, device=device)
+prefill_mask = torch.ones(batch, prompt_len, dtype=torch.bool, device=device)
+for b, p in enumerate(prompts):
+    prompt_ids[b, : len(p)] = torch.tensor(p)
+    prefill_mask[b, : len(p)] = False
+zeros = torch.zeros(batch, dtype=torch.int32, device=device)
+# reorder_window on an all-filled "window" gives the prompt's positions and cache slots
+ids, positions, slot_mapping, _, _ = wk.reorder_window(
+    prompt_ids, prefill_mask, ctx_len, zeros, block_table, page_size)
+layer(ids, positions, slot_mapping, zeros, ctx_len)
+
+step = 0
+while not bool(finished.all()) and step < 20:  # the host polls `finished`; a step never syncs
+    ids, positions, slot_mapping, order, n_filled = wk.reorder_window(
+        win_tokens, win_mask, win_len, ctx_len, block_table, page_size)
+    hidden_states = layer(ids, positions, slot_mapping, ctx_len, win_len)
+    # lm_head on mask rows only: physical rows n_filled .. win_len-1, packed at fixed
+    # capacity `window` per sequence (padding rows get row_pos -1)
+    row = torch.arange(window, device=device)
+    physical = (n_filled[:, None] + row).clamp(max=slots - 1)
+    is_mask_row = (n_filled[:, None] + row) < win_len[:, None]
+    mask_hidden = hidden_states.gather(1, physical[..., None].expand(-1, -1, hidden))
+    logits = (mask_hidden @ lm_head).view(batch * window, vocab)
+    row_pos = torch.where(is_mask_row, positions.gather(1, physical), -1)  # ctx_len + order
+    cu_rows = torch.arange(0, (batch + 1) * window, window, dtype=torch.int32, device=device)
+    token, selected, entropy = wk.select_tokens(logits, cu_rows, row_pos.view(-1), **params)
+    wk.commit_window(win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos.view(-1),
+                     token, selected, out_tokens, out_len, finished, stop_ids, max_new,
+                     window, mask_id)
+    step += 1
+    for b in range(batch):
+        live = int(win_len[b])
+        shown = ["M" if bool(m) else str(int(t))
+                 for t, m in zip(win_tokens[b, :live], win_mask[b, :live])]
+        print(f"step {step} seq {b}: committed {out_tokens[b, : int(out_len[b])].tolist()} "
+              f"window {shown}{' (finished)' if bool(finished[b]) else ''}")
+
+print(f"done after {step} steps on {device}: "
+      f"{[out_tokens[b, : int(out_len[b])].tolist() for b in range(batch)]}")

@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) examples/tour.py
 
 bench: $(STAMP)
-	$(PY) -m bench.run_all
+	$(PY) -m bench.decoder_cpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wedlm_kernels reference tests examples bench

@@ -25,3 +25,22 @@ def test_docstring_examples_of_every_public_op_run():
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0, f"{module.__name__} has no example"
         assert result.failed == 0, f"{module.__name__}: {result.failed} failing example(s)"
+
+
+def test_readme_runnable_snippets_print_what_their_comments_say(capsys):
+    """Blocks marked `<!-- runnable -->` run as they are; each `print` is followed in the
+    block by a comment line with the expected output."""
+    import re
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    blocks = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", readme, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})  # noqa: S102
+        printed = capsys.readouterr().out.strip().splitlines()
+        lines = block.splitlines()
+        expected = [
+            lines[i + 1].removeprefix("# ").strip()
+            for i, line in enumerate(lines) if line.startswith("print(")
+        ]
+        assert printed == expected

@@ -9,6 +9,14 @@ import os
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run through Triton's interpreter: the kernel tests call the
+# launchers directly on CPU tensors. This must be set before triton is first imported (it is
+# read when a kernel is decorated; importing torch does not import triton). The backend
+# switch stays at its default ("auto": CPU tensors use the PyTorch implementations), so the
+# rest of the suite is unaffected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -39,3 +47,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_device() -> str:
+    """Where kernel tests run: the GPU when there is one, else the CPU (interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -24,6 +24,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.decoder_cpu
+	$(PY) -m bench.ops_window
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wedlm_kernels reference tests examples bench

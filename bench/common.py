@@ -1,0 +1,377 @@
+"""Shared pieces of the op microbenchmarks: timing, copy bandwidth, device facts, reports.
+
+Timing modes (every figure keeps its median and its sample count):
+
+- ``eager`` on CUDA: ``triton.testing.do_bench`` with every per-call time returned; the L2
+  cache is flushed (a 256 MB write) before each call and device events bracket the one call,
+  so a figure is the device time of one call on a cold L2. The flush also gives the host a
+  head start, so launch overhead shows only when issuing the call takes longer than running
+  it (the PyTorch implementations, which launch many small kernels).
+- ``graph`` on CUDA: ``calls_per_graph`` calls captured back to back in one CUDA graph; each
+  replay is bracketed by device events and a sample is the replay time divided by the calls.
+  No launch overhead and a warm L2 (each call finds the previous call's data): the time a
+  call costs inside a captured decode step.
+- ``cpu`` (smoke runs only): ``time.perf_counter`` around single calls after one warm-up.
+
+:class:`Timer` runs a callable in every mode of the run and records failures; a mutating op
+is timed through :class:`PackedState` ("restore + op" minus "restore", see
+:func:`subtract_restore`); :func:`add_derived` turns a case's bytes model and medians into
+GB/s, fractions of the copy bandwidth (:func:`copy_bandwidth`) and speed-ups of the
+``triton`` implementation over every other one.
+"""
+
+import datetime
+import json
+import math
+import platform
+import re
+import shlex
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+NO_GPU_MESSAGE = "no CUDA GPU present: GPU benchmarks skipped"
+RESULTS_ROOT = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Timing:
+    """Median time of one call in microseconds, with the number of samples it is taken over."""
+
+    median_us: float
+    samples: int
+    mode: str  # "eager", "graph" or "cpu"
+    calls_per_sample: int = 1
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def time_eager_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> Timing:
+    """``do_bench`` per-call device times (L2 flushed before each call); median of all."""
+    import triton.testing
+
+    times_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+    return Timing(statistics.median(times_ms) * 1e3, len(times_ms), "eager")
+
+
+def time_graph_cuda(
+    fn: Callable[[], object], replays: int, target_ms: float = 2.0, max_calls: int = 200,
+    estimate_us: float | None = None,
+) -> Timing:
+    """Per-call time of ``fn`` captured ``calls`` times in one CUDA graph (median of replays).
+
+    ``calls`` is chosen so that one replay takes about ``target_ms`` (from ``estimate_us``,
+    an eager estimate of one call), within ``[10, max_calls]``.
+    """
+    if estimate_us is None or estimate_us <= 0:
+        calls = max_calls
+    else:
+        calls = int(min(max(target_ms * 1e3 / estimate_us, 10), max_calls))
+    side_stream = torch.cuda.Stream()
+    side_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side_stream):  # warm-up off the default stream, as capture needs
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side_stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()  # first replay uploads the graph
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    per_call_us = [start.elapsed_time(end) * 1e3 / calls for start, end in zip(starts, ends)]
+    del graph
+    return Timing(statistics.median(per_call_us), replays, "graph", calls)
+
+
+def time_cpu(fn: Callable[[], object], rep_ms: float, min_samples: int = 3,
+             max_samples: int = 50) -> Timing:
+    """``time.perf_counter`` around single calls (CPU tensors: every op is synchronous)."""
+    fn()  # warm-up
+    samples: list[float] = []
+    deadline = time.perf_counter() + rep_ms * 1e-3
+    while len(samples) < min_samples or (
+        len(samples) < max_samples and time.perf_counter() < deadline
+    ):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return Timing(statistics.median(samples), len(samples), "cpu")
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, time_fn: Callable[..., Timing]) -> dict:
+    """Device-to-device copy of ``nbytes`` random bytes: (bytes read + bytes written) / time.
+
+    ``time_fn(fn)`` returns a :class:`Timing` of one call of ``fn``.
+    """
+    timing = _time_copy(device, nbytes, time_fn)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the two buffers are gone: give their memory back
+    moved = 2 * nbytes
+    return {
+        "bytes_copied": nbytes,
+        "bytes_read_plus_written": moved,
+        "timing": timing.to_json(),
+        "gb_per_s": gb_per_s(moved, timing.median_us),
+    }
+
+
+def _time_copy(device: torch.device, nbytes: int, time_fn: Callable[..., Timing]) -> Timing:
+    source = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    return time_fn(lambda: target.copy_(source))
+
+
+def gb_per_s(nbytes: int | float, microseconds: float) -> float | None:
+    """Achieved bandwidth in GB/s (1e9 bytes per second)."""
+    if microseconds is None or microseconds <= 0:
+        return None
+    return nbytes / (microseconds * 1e-6) / 1e9
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def slugify(name: str) -> str:
+    """A folder name for a device: ``"NVIDIA H200"`` -> ``"nvidia-h200"``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+def device_slug() -> str:
+    """The results folder name of this machine's first GPU (``"cpu"`` without one)."""
+    if torch.cuda.is_available():
+        return slugify(torch.cuda.get_device_name(0))
+    return "cpu"
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {
+            "name": f"CPU ({platform.processor() or platform.machine()})",
+            "type": "cpu",
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+        }
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "name": props.name,
+        "type": "cuda",
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "l2_cache_mib": round(getattr(props, "L2_cache_size", 0) / 2**20, 1) or None,
+    }
+
+
+def versions() -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+    }
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    return " ".join(["python", "-m", module, *map(shlex.quote, argv)]).strip()
+
+
+def write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of a Markdown table; the first column left-aligned, the others right-aligned."""
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" + "---:|" * (len(headers) - 1),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    """A table cell: the number with ``digits`` decimals, or an em dash for no value."""
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def pyplot():
+    """``matplotlib.pyplot`` with a file-only backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+class CudaContextLost(RuntimeError):
+    """A CUDA error left the context unusable: nothing more can run in this process."""
+
+
+class Timer:
+    """Times a callable in every mode of this run (``eager`` and ``graph`` on CUDA, ``cpu``
+    on the CPU) and records errors instead of raising them."""
+
+    MODES = {"cuda": ("eager", "graph"), "cpu": ("cpu",)}
+
+    def __init__(self, device: torch.device, quick: bool) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.modes = self.MODES[device.type]
+        self.warmup_ms, self.rep_ms = (10, 25) if quick else (25, 100)
+        self.replays = 10 if quick else 30
+        self.cpu_rep_ms = 5.0
+
+    def once(self, fn: Callable[[], object]) -> Timing:
+        """One timing of ``fn`` in the run's first mode (the copy bandwidth uses this)."""
+        if self.cuda:
+            return time_eager_cuda(fn, self.warmup_ms, self.rep_ms)
+        return time_cpu(fn, self.cpu_rep_ms)
+
+    def time(self, fn: Callable[[], object], mode: str, estimate_us: float | None) -> Timing:
+        if mode == "eager":
+            return time_eager_cuda(fn, self.warmup_ms, self.rep_ms)
+        if mode == "graph":
+            return time_graph_cuda(fn, self.replays, estimate_us=estimate_us)
+        return time_cpu(fn, self.cpu_rep_ms)
+
+    def all_modes(self, fn: Callable[[], object]) -> dict:
+        """``{mode: Timing json or {"error": ...}}``; raises CudaContextLost if a failure
+        broke the CUDA context."""
+        result, estimate = {}, None
+        for mode in self.modes:
+            try:
+                timing = self.time(fn, mode, estimate)
+            except Exception as error:  # noqa: BLE001 - recorded in the report
+                result[mode] = {"error": f"{type(error).__name__}: {error}"}
+                self.check_context()
+                continue
+            estimate = estimate or timing.median_us
+            result[mode] = timing.to_json()
+        return result
+
+    def check_context(self) -> None:
+        if not self.cuda:
+            return
+        try:
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001
+            raise CudaContextLost(f"{type(error).__name__}: {error}") from error
+
+
+class PackedState:
+    """The tensors an op mutates, as contiguous views of one byte buffer, with a pristine
+    copy of that buffer: :meth:`restore` puts the state back with a single copy kernel, so
+    a mutating op can be timed as "restore + op" minus "restore"."""
+
+    ALIGN = 256
+
+    def __init__(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+        offsets, total = {}, 0
+        for name, tensor in tensors.items():
+            offsets[name] = total
+            nbytes = tensor.numel() * tensor.element_size()
+            total += (nbytes + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        self.buffer = torch.zeros(max(total, 1), dtype=torch.uint8, device=device)
+        self.views = {}
+        for name, tensor in tensors.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            raw = self.buffer[offsets[name]: offsets[name] + nbytes]
+            view = raw.view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor)
+            self.views[name] = view
+        self.pristine = self.buffer.clone()
+
+    def restore(self) -> None:
+        self.buffer.copy_(self.pristine)
+
+
+def subtract_restore(with_restore: dict, restore: dict) -> dict:
+    """Per mode: the op's median = median(restore + op) - median(restore)."""
+    result = {}
+    for mode, timing in with_restore.items():
+        if "error" in timing or "error" in restore.get(mode, {"error": ""}):
+            result[mode] = timing
+            continue
+        result[mode] = {
+            **timing,
+            "median_us": timing["median_us"] - restore[mode]["median_us"],
+            "with_restore_us": timing["median_us"],
+            "restore_us": restore[mode]["median_us"],
+        }
+    return result
+
+
+def with_total(breakdown: dict[str, int]) -> dict:
+    return {"total": sum(breakdown.values()), "breakdown": breakdown}
+
+
+def median_us(case: dict, impl: str, mode: str) -> float | None:
+    timing = case["timings"].get(impl, {}).get(mode, {})
+    return timing.get("median_us")
+
+
+def add_derived(case: dict, copy_gb_per_s: float | None) -> None:
+    """Adds to a case (``bytes.total`` and ``timings[impl][mode]``) the GB/s and the
+    fraction of the copy bandwidth of every timing, and the speed-up of the ``triton``
+    implementation over each other one (``speedup["triton_over_<impl>"][mode]``). The
+    ``restore`` timing of a mutating op is not an implementation."""
+    total = case["bytes"]["total"]
+    case["gb_per_s"], case["fraction_of_copy_bandwidth"] = {}, {}
+    for impl in case["timings"]:
+        if impl == "restore":
+            continue
+        case["gb_per_s"][impl], case["fraction_of_copy_bandwidth"][impl] = {}, {}
+        for mode in case["timings"][impl]:
+            microseconds = median_us(case, impl, mode)
+            rate = gb_per_s(total, microseconds) if microseconds else None
+            case["gb_per_s"][impl][mode] = rate
+            case["fraction_of_copy_bandwidth"][impl][mode] = ratio(rate, copy_gb_per_s)
+    case["speedup"] = {}
+    if "triton" not in case["timings"]:
+        return
+    for baseline in case["timings"]:
+        if baseline not in ("triton", "restore"):
+            case["speedup"][f"triton_over_{baseline}"] = {
+                mode: ratio(median_us(case, baseline, mode), median_us(case, "triton", mode))
+                for mode in case["timings"]["triton"]
+            }
+
+
+def fmt_rate(value: float | None) -> str:
+    """GB/s with three significant digits (at least no decimals)."""
+    if value is None:
+        return "—"
+    return fmt(value, max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0)

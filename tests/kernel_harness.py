@@ -7,6 +7,8 @@
   ptxas, on a machine without a GPU.
 """
 
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,34 @@ def guarded(source: torch.Tensor, sentinel=None) -> Guarded:
     return Guarded(buffer, tensor, sentinel)
 
 
+@contextmanager
+def _compilable_jit_functions(module_name: str):
+    """Under TRITON_INTERPRET=1 every @triton.jit function, triton.language's own (tl.sum,
+    tl.cumsum, tl.cdiv, ...) and a kernel module's helpers, is an InterpretedFunction, which
+    the GPU compiler cannot call. Swap them for JITFunctions while compiling."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    modules = [
+        module for name, module in list(sys.modules.items())
+        if name == "triton.language" or name.startswith("triton.language.")
+    ]
+    modules.append(sys.modules[module_name])
+    swapped, replacements = [], {}
+    for module in modules:
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, InterpretedFunction):
+                if id(value) not in replacements:
+                    replacements[id(value)] = JITFunction(value.fn)
+                swapped.append((module, attr, value))
+                setattr(module, attr, replacements[id(value)])
+    try:
+        yield
+    finally:
+        for module, attr, value in swapped:
+            setattr(module, attr, value)
+
+
 def compile_sm90(variant: KernelVariant):
     """Compile ``variant`` for an NVIDIA sm_90 target; returns the compiled kernel."""
     import triton
@@ -58,8 +88,9 @@ def compile_sm90(variant: KernelVariant):
     if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET
         kernel = JITFunction(kernel.fn)
     source = ASTSource(fn=kernel, signature=variant.signature, constexprs=variant.constexprs)
-    return triton.compile(
-        source,
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
-    )
+    with _compilable_jit_functions(kernel.fn.__module__):
+        return triton.compile(
+            source,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+        )

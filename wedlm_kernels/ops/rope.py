@@ -9,11 +9,16 @@ of even size ``D`` is cut into ``x1 = x[:D/2]`` and ``x2 = x[D/2:]``, and pair `
 
 ``cos_sin[pos]`` stores the ``D/2`` cosines followed by the ``D/2`` sines of that position.
 Exact semantics: docs/contracts.md, "rope_cache and rope_kv_append".
+
+Two implementations of the op: ``rope_kv_append_torch`` (vectorised PyTorch, the CPU
+fallback) and ``rope_kv_append_triton`` (one fused Triton kernel launch per call).
 """
 
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import _validate
 from .._validate import (
@@ -25,6 +30,7 @@ from .._validate import (
     check_tensor,
     debug_check,
 )
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 
 def rope_cache(
@@ -282,3 +288,291 @@ def rope_kv_append_fake(
     eps: float = 1e-6,
 ) -> torch.Tensor:
     return q.new_empty(q.shape)
+
+
+# ---------------------------------------------------------------------------- Triton kernel
+#
+# One launch per call. Program (token t, head group g) handles HEADS_PER_PROGRAM heads of one
+# token as a [HEADS_PER_PROGRAM, BLOCK_HALF] tile per half of the head vector:
+#   groups 0 .. cdiv(Hq, HEADS_PER_PROGRAM) - 1    : q heads   -> q_out
+#   the following cdiv(Hkv, HEADS_PER_PROGRAM) groups: k and v heads -> k_cache, v_cache
+# Per head, in fp32: optional RMSNorm over the D entries of the head,
+#   x <- x * rsqrt(mean(x^2) + eps) * weight,
+# then the split-halves rotation with (cos, sin) = cos_sin[position] (pair i is (x1[i], x2[i])):
+#   y1 = x1 * cos - x2 * sin,   y2 = x2 * cos + x1 * sin.
+# An out-of-range position turns cos and sin (and the written v) into NaN; an out-of-range
+# slot masks the whole k/v program (no load, no store). Cache addresses are computed in int64
+# (slot * Hkv * D can exceed 2^31 elements).
+
+_NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit(do_not_specialize=["apply_q_norm", "apply_k_norm"])
+def _rope_kv_append_kernel(
+    q_ptr,  # [N, Hq, D], unit last stride
+    k_ptr,  # [N, Hkv, D], unit last stride
+    v_ptr,  # [N, Hkv, D], unit last stride
+    positions_ptr,  # [N] int64
+    cos_sin_ptr,  # [max_pos, D] fp32, unit last stride
+    k_cache_ptr,  # [num_slots, Hkv, D] contiguous (num_slots = num_pages * page_size)
+    v_cache_ptr,  # [num_slots, Hkv, D] contiguous
+    slot_mapping_ptr,  # [N] int64
+    q_norm_weight_ptr,  # [D] contiguous (never read unless apply_q_norm)
+    k_norm_weight_ptr,  # [D] contiguous (never read unless apply_k_norm)
+    q_out_ptr,  # [N, Hq, D] contiguous
+    q_token_stride,
+    q_head_stride,
+    k_token_stride,
+    k_head_stride,
+    v_token_stride,
+    v_head_stride,
+    positions_stride,
+    slot_mapping_stride,
+    cos_sin_stride,
+    q_heads,
+    kv_heads,
+    half,  # D / 2
+    max_pos,
+    num_slots,
+    eps,
+    apply_q_norm,
+    apply_k_norm,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,  # next_power_of_2(D / 2)
+):
+    token = tl.program_id(0).to(tl.int64)
+    head_group = tl.program_id(1)
+    q_groups = (q_heads + HEADS_PER_PROGRAM - 1) // HEADS_PER_PROGRAM
+    head_dim = 2 * half
+    half_offsets = tl.arange(0, BLOCK_HALF)
+    half_mask = half_offsets < half
+    head_offsets = tl.arange(0, HEADS_PER_PROGRAM)
+
+    position = tl.load(positions_ptr + token * positions_stride)
+    position_valid = (position >= 0) & (position < max_pos)
+    table_row = cos_sin_ptr + tl.where(position_valid, position, 0) * cos_sin_stride
+    cos = tl.load(table_row + half_offsets, mask=half_mask, other=0.0)
+    sin = tl.load(table_row + half + half_offsets, mask=half_mask, other=0.0)
+    cos = tl.where(position_valid, cos, _NAN)
+    sin = tl.where(position_valid, sin, _NAN)
+
+    if head_group < q_groups:
+        heads = (head_group * HEADS_PER_PROGRAM + head_offsets).to(tl.int64)  # [HEADS]
+        mask = (heads < q_heads)[:, None] & half_mask[None, :]  # [HEADS, BLOCK_HALF]
+        source = (
+            q_ptr + token * q_token_stride + heads[:, None] * q_head_stride
+            + half_offsets[None, :]
+        )
+        x1 = tl.load(source, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(source + half, mask=mask, other=0.0).to(tl.float32)
+        if apply_q_norm:
+            inv_rms = tl.rsqrt(
+                (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / head_dim + eps
+            )[:, None]
+            weight1 = tl.load(q_norm_weight_ptr + half_offsets, mask=half_mask, other=0.0)
+            weight2 = tl.load(q_norm_weight_ptr + half + half_offsets, mask=half_mask, other=0.0)
+            x1 = x1 * inv_rms * weight1.to(tl.float32)[None, :]
+            x2 = x2 * inv_rms * weight2.to(tl.float32)[None, :]
+        y1 = x1 * cos[None, :] - x2 * sin[None, :]
+        y2 = x2 * cos[None, :] + x1 * sin[None, :]
+        target = q_out_ptr + (token * q_heads + heads[:, None]) * head_dim + half_offsets[None, :]
+        tl.store(target, y1.to(q_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(target + half, y2.to(q_out_ptr.dtype.element_ty), mask=mask)
+    else:
+        slot = tl.load(slot_mapping_ptr + token * slot_mapping_stride)
+        slot_valid = (slot >= 0) & (slot < num_slots)
+        heads = ((head_group - q_groups) * HEADS_PER_PROGRAM + head_offsets).to(tl.int64)
+        mask = (heads < kv_heads)[:, None] & half_mask[None, :] & slot_valid
+
+        k_source = (
+            k_ptr + token * k_token_stride + heads[:, None] * k_head_stride
+            + half_offsets[None, :]
+        )
+        x1 = tl.load(k_source, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(k_source + half, mask=mask, other=0.0).to(tl.float32)
+        if apply_k_norm:  # the same norm and rotation as for q
+            inv_rms = tl.rsqrt(
+                (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / head_dim + eps
+            )[:, None]
+            weight1 = tl.load(k_norm_weight_ptr + half_offsets, mask=half_mask, other=0.0)
+            weight2 = tl.load(k_norm_weight_ptr + half + half_offsets, mask=half_mask, other=0.0)
+            x1 = x1 * inv_rms * weight1.to(tl.float32)[None, :]
+            x2 = x2 * inv_rms * weight2.to(tl.float32)[None, :]
+        y1 = x1 * cos[None, :] - x2 * sin[None, :]
+        y2 = x2 * cos[None, :] + x1 * sin[None, :]
+        # int64: slot * Hkv * D exceeds 2^31 in large caches
+        cache_offsets = (
+            (tl.where(slot_valid, slot, 0) * kv_heads + heads[:, None]) * head_dim
+            + half_offsets[None, :]
+        )
+        tl.store(k_cache_ptr + cache_offsets, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            k_cache_ptr + cache_offsets + half, y2.to(k_cache_ptr.dtype.element_ty), mask=mask
+        )
+
+        v_source = (
+            v_ptr + token * v_token_stride + heads[:, None] * v_head_stride
+            + half_offsets[None, :]
+        )
+        v1 = tl.load(v_source, mask=mask, other=0.0).to(tl.float32)
+        v2 = tl.load(v_source + half, mask=mask, other=0.0).to(tl.float32)
+        v1 = tl.where(position_valid, v1, _NAN)
+        v2 = tl.where(position_valid, v2, _NAN)
+        tl.store(v_cache_ptr + cache_offsets, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            v_cache_ptr + cache_offsets + half, v2.to(v_cache_ptr.dtype.element_ty), mask=mask
+        )
+
+
+# Grid (N, cdiv(Hq, HEADS_PER_PROGRAM) + cdiv(Hkv, HEADS_PER_PROGRAM)): each program handles a
+# [HEADS_PER_PROGRAM, BLOCK_HALF] tile of 256 elements per half (HEADS_PER_PROGRAM = 4 for
+# head_dim 128) with 2 warps (16-byte accesses in fp32, 8-byte ones in fp16/bf16 when the
+# strides are multiples of 16 elements). The cos/sin row and the norm weights are loaded once
+# per program and reused by its heads. Decode (N = 16..64 tokens, 32 q + 8 kv heads) gets
+# N * (8 + 2) = 160..640 programs, enough to reach every SM; prefill (N = 4096) gets 40960
+# programs of 1-2 KiB each, many resident per SM, without a loop over tokens.
+_TILE_ELEMENTS = 256
+_MAX_HEADS_PER_PROGRAM = 16
+_NUM_WARPS = 2
+
+
+def _launch_config(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_HALF, HEADS_PER_PROGRAM) for a head size."""
+    block_half = next_power_of_2(head_dim // 2)
+    heads_per_program = max(1, min(_MAX_HEADS_PER_PROGRAM, _TILE_ELEMENTS // block_half))
+    return block_half, heads_per_program
+
+
+def _kernel_norm_weights(
+    q: torch.Tensor, q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two norm-weight arguments of the kernel, contiguous and of one dtype: the weights'
+    own dtype when they share one that is q's dtype or fp32, else fp32 (an exact conversion).
+    A missing weight is replaced by a tensor of that dtype that the kernel never reads."""
+    if q_norm_weight is None and k_norm_weight is None:
+        return q, q
+    given = [weight for weight in (q_norm_weight, k_norm_weight) if weight is not None]
+    dtypes = {weight.dtype for weight in given}
+    shared = dtypes.pop() if len(dtypes) == 1 else None
+    weight_dtype = shared if shared in (q.dtype, torch.float32) else torch.float32
+    q_weight = q_norm_weight if q_norm_weight is not None else k_norm_weight
+    k_weight = k_norm_weight if k_norm_weight is not None else q_norm_weight
+    return (
+        q_weight.to(weight_dtype).contiguous(),
+        k_weight.to(weight_dtype).contiguous(),
+    )
+
+
+def rope_kv_append_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Triton launcher of :func:`rope_kv_append` (arguments validated by the caller)."""
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rope_kv_append_into(
+        q_out, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+        q_norm_weight, k_norm_weight, eps,
+    )
+    return q_out
+
+
+def rope_kv_append_into(
+    q_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+) -> None:
+    """The launch itself, writing the rotated q into a given contiguous ``q_out [N, Hq, D]``
+    of q's dtype (tests hand it a tensor between guard bands)."""
+    num_tokens, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if num_tokens == 0:
+        return
+    block_half, heads_per_program = _launch_config(head_dim)
+    q_weight, k_weight = _kernel_norm_weights(q, q_norm_weight, k_norm_weight)
+    grid = (
+        num_tokens,
+        triton.cdiv(q_heads, heads_per_program) + triton.cdiv(kv_heads, heads_per_program),
+    )
+    _rope_kv_append_kernel[grid](
+        q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_weight, k_weight, q_out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        positions.stride(0), slot_mapping.stride(0), cos_sin.stride(0),
+        q_heads, kv_heads, head_dim // 2, cos_sin.shape[0], k_cache.shape[0] * k_cache.shape[1],
+        float(eps), int(q_norm_weight is not None), int(k_norm_weight is not None),
+        HEADS_PER_PROGRAM=heads_per_program, BLOCK_HALF=block_half, num_warps=_NUM_WARPS,
+    )
+
+
+# head sizes whose kernel specialisations are compiled for sm_90 by the test suite: the
+# supported model head sizes (64, 80, 96, 128, 256 -> BLOCK_HALF 32, 64, 128) and the small
+# sizes of the interpreter tests (8, 16 -> BLOCK_HALF 4, 8, fp32 only)
+_MODEL_HEAD_DIMS = (64, 80, 96, 128, 256)
+_TEST_HEAD_DIMS = (8, 16)
+
+
+def _variant(dtype, cache_dtype, weight_dtype, head_dim) -> KernelVariant:
+    block_half, heads_per_program = _launch_config(head_dim)
+    pointer, cache_pointer = POINTER_TYPES[dtype], POINTER_TYPES[cache_dtype]
+    signature = {
+        "q_ptr": pointer, "k_ptr": pointer, "v_ptr": pointer, "positions_ptr": "*i64",
+        "cos_sin_ptr": "*fp32", "k_cache_ptr": cache_pointer, "v_cache_ptr": cache_pointer,
+        "slot_mapping_ptr": "*i64", "q_norm_weight_ptr": POINTER_TYPES[weight_dtype],
+        "k_norm_weight_ptr": POINTER_TYPES[weight_dtype], "q_out_ptr": pointer,
+    }
+    for name in (
+        "q_token_stride", "q_head_stride", "k_token_stride", "k_head_stride", "v_token_stride",
+        "v_head_stride", "positions_stride", "slot_mapping_stride", "cos_sin_stride",
+        "q_heads", "kv_heads", "half", "max_pos", "num_slots",
+    ):
+        signature[name] = "i32"
+    signature.update(
+        eps="fp32", apply_q_norm="i32", apply_k_norm="i32",
+        HEADS_PER_PROGRAM="constexpr", BLOCK_HALF="constexpr",
+    )
+    short = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return KernelVariant(
+        name=(
+            f"{short[dtype]}_cache{short[cache_dtype]}_weight{short[weight_dtype]}"
+            f"_block{block_half}"
+        ),
+        kernel=_rope_kv_append_kernel,
+        signature=signature,
+        constexprs={"HEADS_PER_PROGRAM": heads_per_program, "BLOCK_HALF": block_half},
+        num_warps=_NUM_WARPS,
+    )
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """Every specialisation :func:`rope_kv_append_triton` produces for the supported head
+    sizes: q/k/v dtype x cache dtype x norm-weight dtype (q's or fp32; also the dummy when no
+    weight is given) x BLOCK_HALF. The norm flags are runtime arguments, not constexprs."""
+    variants = {}
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    for dtype in dtypes:
+        for cache_dtype in dtypes:
+            for weight_dtype in dict.fromkeys((dtype, torch.float32)):
+                for head_dim in _MODEL_HEAD_DIMS:
+                    variant = _variant(dtype, cache_dtype, weight_dtype, head_dim)
+                    variants[variant.name] = variant
+    for head_dim in _TEST_HEAD_DIMS:
+        variant = _variant(torch.float32, torch.float32, torch.float32, head_dim)
+        variants[variant.name] = variant
+    return list(variants.values())

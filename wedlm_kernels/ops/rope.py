@@ -304,8 +304,6 @@ def rope_kv_append_fake(
 # slot masks the whole k/v program (no load, no store). Cache addresses are computed in int64
 # (slot * Hkv * D can exceed 2^31 elements).
 
-_NAN = tl.constexpr(float("nan"))
-
 
 @triton.jit(do_not_specialize=["apply_q_norm", "apply_k_norm"])
 def _rope_kv_append_kernel(
@@ -353,8 +351,8 @@ def _rope_kv_append_kernel(
     table_row = cos_sin_ptr + tl.where(position_valid, position, 0) * cos_sin_stride
     cos = tl.load(table_row + half_offsets, mask=half_mask, other=0.0)
     sin = tl.load(table_row + half + half_offsets, mask=half_mask, other=0.0)
-    cos = tl.where(position_valid, cos, _NAN)
-    sin = tl.where(position_valid, sin, _NAN)
+    cos = tl.where(position_valid, cos, float("nan"))
+    sin = tl.where(position_valid, sin, float("nan"))
 
     if head_group < q_groups:
         heads = (head_group * HEADS_PER_PROGRAM + head_offsets).to(tl.int64)  # [HEADS]
@@ -416,8 +414,8 @@ def _rope_kv_append_kernel(
         )
         v1 = tl.load(v_source, mask=mask, other=0.0).to(tl.float32)
         v2 = tl.load(v_source + half, mask=mask, other=0.0).to(tl.float32)
-        v1 = tl.where(position_valid, v1, _NAN)
-        v2 = tl.where(position_valid, v2, _NAN)
+        v1 = tl.where(position_valid, v1, float("nan"))
+        v2 = tl.where(position_valid, v2, float("nan"))
         tl.store(v_cache_ptr + cache_offsets, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(
             v_cache_ptr + cache_offsets + half, v2.to(v_cache_ptr.dtype.element_ty), mask=mask

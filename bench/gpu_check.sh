@@ -20,7 +20,7 @@
 set -u -o pipefail
 
 # ---- what runs: edit here -------------------------------------------------------------
-CUDA_BENCHES=(bench.ops_window)  # modules with a CUDA mode; each gets --out-dir DIR
+CUDA_BENCHES=(bench.ops_window bench.paged_attention bench.select_tokens)  # modules with a CUDA mode; each gets --out-dir DIR
 TOTAL_BUDGET_S=440               # the whole script (8 minutes = 480 s)
 TEST_BUDGET_S=240                # all cuda test files together, import probe included
 TEST_FILE_LIMIT_S=150            # one test file

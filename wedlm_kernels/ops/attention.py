@@ -7,9 +7,13 @@ including itself. That is the causal mask of varlen attention with ``q_len`` que
 ``h // (Hq // Hkv)``. Exact semantics: docs/contracts.md, "paged_attention".
 """
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import _validate
 from .._validate import (
@@ -20,6 +24,7 @@ from .._validate import (
     check_tensor,
     debug_check,
 )
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 
 def paged_attention(
@@ -201,3 +206,599 @@ def paged_attention_fake(
     scale: float,
 ) -> torch.Tensor:
     return q.new_empty(q.shape)
+
+
+# ---------------------------------------------------------------------------- Triton kernel
+#
+# The math: FlashAttention-2's online softmax, in base 2. For one query row with scores
+# s_t = scale * q.k_t over its visible keys t = 0 .. ctx + j,
+#     out = sum_t exp(s_t - m) v_t / sum_t exp(s_t - m),   m = max_t s_t.
+# With x_t = s_t * log2(e) (scale and log2(e) folded into one multiplier, exp(s) = 2^x), keys
+# are visited in tiles of BLOCK_N keeping a running maximum m, denominator l and numerator
+# acc, all fp32:
+#     m' = max(m, max_t x_t),   alpha = 2^(m - m'),
+#     l <- alpha * l + sum_t 2^(x_t - m'),   acc <- alpha * acc + sum_t 2^(x_t - m') v_t,
+# and out = acc / l after the last tile.
+#
+# GQA: the rows of a tile (the M dimension of both products) are (query row, query head)
+# pairs of ONE KV head, flattened as pair = row * G + g for query head kv_head * G + g
+# (G = Hq / Hkv), so every K/V tile is loaded once for all G query heads that read it.
+#
+# Causal mask: row j sees keys 0 .. ctx + j. Keys below ctx + first_row + 1 are visible to
+# every row of the tile (the "full" loop, no mask); the remaining keys up to
+# ctx + last_live_row are masked per row (the "diagonal" loop). Keys past that are not read.
+#
+# Split-KV ("flash-decoding"): when there are few query tiles (decode windows) the key range
+# is cut into num_splits chunks of keys_per_split keys, one program each. A program stores
+# its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the combine
+# kernel merges them as out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.
+#
+# Contract details (docs/contracts.md, "paged_attention"):
+# - position t lives at page block_table[b, t // page_size], offset t % page_size. The page
+#   id is gathered per key, so any page size works (also pages smaller than BLOCK_N). A key
+#   whose page index is >= P or whose page id is outside [0, num_pages) is "not covered": it
+#   is not loaded, and a row that needs it is NaN.
+# - cache entries a row does not see are never read into its result: in the diagonal loop
+#   their scores are -inf (probability exactly 0), and since 0 * NaN = NaN, non-finite
+#   values are zeroed for the P @ V product and put back as NaN only into the output
+#   elements of the rows that see them (the product of the visibility mask with the
+#   non-finite indicator). In the full loop every loaded key is visible to every row.
+# - rows j >= clamp(q_len, 0, S) are zero; a row with ctx + j < 0 (no visible key) or
+#   ctx + j >= P * page_size (a needed position beyond the page table) is NaN.
+# - positions are int32 (P * page_size < 2^31); every address is computed in int64.
+
+_LOG2_E = 1.4426950408889634
+
+# Triton turns an integer argument equal to 1 into a compile-time constant. These arguments
+# (sizes and strides that are 1 in some calls: one KV head, no GQA, contiguous lengths, a
+# single split, ...) are kept as plain i32 so that each dtype and tile configuration is ONE
+# compiled specialisation. head_dim stays specialised (its divisibility by 16 lets K/V rows
+# load as 16-byte vectors); the launcher hands head sizes below 2 to the PyTorch
+# implementation, so it is never 1.
+ATTENTION_UNSPECIALISED = (
+    "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
+    "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
+    "page_size", "table_width", "num_pages", "keys_per_split", "num_splits",
+)
+COMBINE_UNSPECIALISED = (
+    "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "page_size",
+    "table_width", "num_splits",
+)
+
+
+@triton.jit(do_not_specialize=ATTENTION_UNSPECIALISED)
+def _paged_attention_kernel(
+    q_ptr,  # [B, S, Hq, D], unit last stride
+    k_cache_ptr,  # [num_pages * page_size, Hkv, D] contiguous
+    v_cache_ptr,  # [num_pages * page_size, Hkv, D] contiguous
+    block_table_ptr,  # [B, P] int32
+    ctx_len_ptr,  # [B] int32
+    q_len_ptr,  # [B] int32
+    out_ptr,  # [B, S, Hq, D] contiguous, q's dtype (written when num_splits == 1)
+    partial_out_ptr,  # [B * Hkv, num_splits, S * G, D] fp32 (written when num_splits > 1)
+    partial_lse_ptr,  # [B * Hkv, num_splits, S * G] fp32 (written when num_splits > 1)
+    q_batch_stride,
+    q_row_stride,
+    q_head_stride,
+    table_batch_stride,
+    table_page_stride,
+    ctx_len_stride,
+    q_len_stride,
+    rows,  # S
+    kv_heads,  # Hkv
+    group,  # G = Hq / Hkv
+    head_dim,  # D
+    page_size,
+    table_width,  # P
+    num_pages,
+    keys_per_split,  # a multiple of BLOCK_N
+    num_splits,
+    scale_log2,  # scale * log2(e)
+    BLOCK_M: tl.constexpr,  # (row, head) pairs per program
+    BLOCK_N: tl.constexpr,  # keys per tile
+    BLOCK_D: tl.constexpr,  # next_power_of_2(D), at least 16
+    UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
+):
+    pairs = rows * group
+    tile = tl.cdiv(pairs, BLOCK_M) - 1 - tl.program_id(0)  # the longest tiles start first
+    batch_head = tl.program_id(1)
+    split = tl.program_id(2)
+    batch = (batch_head // kv_heads).to(tl.int64)
+    kv_head = batch_head % kv_heads
+
+    capacity = table_width * page_size  # positions the page table can address
+    live = tl.minimum(tl.maximum(tl.load(q_len_ptr + batch * q_len_stride), 0), rows)
+    # clamping keeps ctx + row in int32 and changes no outcome (NaN stays NaN)
+    ctx = tl.minimum(tl.maximum(tl.load(ctx_len_ptr + batch * ctx_len_stride), -rows - 1),
+                     capacity)
+
+    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    row = pair // group
+    q_head = kv_head * group + pair % group
+    row_live = row < live
+    last_key = ctx + row  # [BLOCK_M]: the row sees keys 0 .. last_key
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+
+    q_offsets = (
+        batch * q_batch_stride + row.to(tl.int64)[:, None] * q_row_stride
+        + q_head.to(tl.int64)[:, None] * q_head_stride + d[None, :]
+    )
+    q = tl.load(q_ptr + q_offsets, mask=row_live[:, None] & d_mask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    # Keys [split_start, full_stop) are visible to every row of the tile (whole tiles only);
+    # keys [full_stop, diagonal_end) are masked per row.
+    first_row = (tile * BLOCK_M) // group
+    last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, live - 1)
+    key_end = tl.minimum(tl.maximum(ctx + last_row + 1, 0), capacity)
+    key_end = tl.where(last_row >= first_row, key_end, 0)  # a tile of padding rows reads none
+    full_end = tl.minimum(tl.maximum(ctx + first_row + 1, 0), key_end)
+    split_start = split * keys_per_split
+    split_end = split_start + keys_per_split
+    full_stop = split_start + tl.maximum(
+        (tl.minimum(full_end, split_end) - split_start) // BLOCK_N, 0) * BLOCK_N
+    diagonal_end = tl.minimum(key_end, split_end)
+
+    table_row_ptr = block_table_ptr + batch * table_batch_stride
+    slot_stride = kv_heads * head_dim  # positions are rows of [Hkv, D]
+    head_offset = kv_head.to(tl.int64) * head_dim + d[None, :]  # [1, BLOCK_D]
+    n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    uncovered_keys = tl.zeros([BLOCK_N], tl.int32)  # full loop: 1 where a key had no page
+    uncovered = tl.zeros([BLOCK_M], tl.int32)  # 1: the row needs a key without a page
+
+    for start in range(split_start, full_stop, BLOCK_N):
+        keys = start + n  # [BLOCK_N] positions; their pages, gathered per key
+        page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride)
+        covered = (page >= 0) & (page < num_pages)
+        slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
+        kv_offsets = slot[:, None] * slot_stride + head_offset
+        kv_mask = covered[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        uncovered_keys = tl.maximum(uncovered_keys, tl.where(covered, 0, 1))
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [M, N]
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+
+    uncovered = tl.maximum(uncovered, tl.max(uncovered_keys, axis=0))  # every row saw them
+
+    for start in range(full_stop, diagonal_end, BLOCK_N):
+        keys = start + n
+        in_range = keys < diagonal_end
+        page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
+                       mask=in_range, other=-1)
+        covered = in_range & (page >= 0) & (page < num_pages)
+        slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
+        kv_offsets = slot[:, None] * slot_stride + head_offset
+        kv_mask = covered[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        visible = (keys[None, :] <= last_key[:, None]) & in_range[None, :]  # [M, N]
+        uncovered = tl.maximum(
+            uncovered, tl.max(tl.where(visible & (covered[None, :] == 0), 1, 0), axis=1))
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+        scores = tl.where(visible, scores, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_ref = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(scores - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        finite = (v == v) & (tl.abs(v) < float("inf"))
+        v_finite = tl.where(finite, v, 0.0).to(v.dtype)
+        non_finite_seen = tl.dot(visible.to(v.dtype), tl.where(finite, 0.0, 1.0).to(v.dtype),
+                                 input_precision="ieee")  # [M, D]: visible non-finite values
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v_finite, input_precision="ieee")
+        acc = tl.where(non_finite_seen > 0, float("nan"), acc)
+        m_i = m_new
+
+    row_nan = uncovered > 0
+    normalised = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0: no key in range
+    pair_mask = (pair < pairs)[:, None] & d_mask[None, :]
+    if num_splits == 1:
+        row_nan = row_nan | (last_key < 0) | (last_key >= capacity)
+        out = tl.where(row_nan[:, None], float("nan"), normalised)
+        out = tl.where(row_live[:, None], out, 0.0)
+        out_offsets = (
+            (batch * rows + row.to(tl.int64)) * (kv_heads * group) + q_head
+        )[:, None] * head_dim + d[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=pair_mask)
+    else:
+        partial = tl.where(row_nan[:, None], float("nan"), normalised)
+        lse = tl.where(l_i == 0.0, -float("inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+        base = (batch_head.to(tl.int64) * num_splits + split) * pairs + pair  # [BLOCK_M]
+        tl.store(partial_lse_ptr + base, lse, mask=pair < pairs)
+        tl.store(partial_out_ptr + base[:, None] * head_dim + d[None, :], partial, mask=pair_mask)
+
+
+@triton.jit(do_not_specialize=COMBINE_UNSPECIALISED)
+def _combine_splits_kernel(
+    partial_out_ptr,  # [B * Hkv, num_splits, S * G, D] fp32
+    partial_lse_ptr,  # [B * Hkv, num_splits, S * G] fp32
+    ctx_len_ptr,  # [B] int32
+    q_len_ptr,  # [B] int32
+    out_ptr,  # [B, S, Hq, D] contiguous, q's dtype
+    ctx_len_stride,
+    q_len_stride,
+    rows,
+    kv_heads,
+    group,
+    head_dim,
+    page_size,
+    table_width,
+    num_splits,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pairs = rows * group
+    tile = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = (batch_head // kv_heads).to(tl.int64)
+    kv_head = batch_head % kv_heads
+
+    capacity = table_width * page_size
+    live = tl.minimum(tl.maximum(tl.load(q_len_ptr + batch * q_len_stride), 0), rows)
+    ctx = tl.minimum(tl.maximum(tl.load(ctx_len_ptr + batch * ctx_len_stride), -rows - 1),
+                     capacity)
+    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = pair // group
+    q_head = kv_head * group + pair % group
+    row_live = row < live
+    last_key = ctx + row
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+
+    base = batch_head.to(tl.int64) * num_splits * pairs + pair  # [BLOCK_M], split 0
+    lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    for split in range(num_splits):
+        lse = tl.load(partial_lse_ptr + base + split * pairs, mask=row_live,
+                      other=-float("inf"))
+        lse_max = tl.maximum(lse_max, lse)
+    lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    denominator = tl.zeros([BLOCK_M], tl.float32)
+    for split in range(num_splits):
+        offsets = base + split * pairs
+        lse = tl.load(partial_lse_ptr + offsets, mask=row_live, other=-float("inf"))
+        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys (its partial is 0)
+        partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
+                          mask=row_live[:, None] & d_mask[None, :], other=0.0)
+        acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
+        denominator += weight
+
+    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]  # 0: a row not live
+    row_nan = (last_key < 0) | (last_key >= capacity)
+    out = tl.where(row_nan[:, None], float("nan"), out)
+    out = tl.where(row_live[:, None], out, 0.0)
+    out_offsets = (
+        (batch * rows + row.to(tl.int64)) * (kv_heads * group) + q_head
+    )[:, None] * head_dim + d[None, :]
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
+             mask=(pair < pairs)[:, None] & d_mask[None, :])
+
+
+# ---------------------------------------------------------------------------- launcher
+#
+# Tiles (BLOCK_M pairs x BLOCK_N keys x BLOCK_D): fp16/bf16 products run on tensor cores with
+# 128 x 64 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, and 64 x 64
+# with 4 warps for decode windows (S * G <= 64 pairs) and small heads; head_dim 256 halves the
+# key tile to fit shared memory.
+# fp32 takes exact fp32 products ("ieee", no TF32), on CUDA cores with small tiles.
+#
+# Schedules, chosen from shapes only (no value is read on the host, so a call can be captured
+# in a CUDA graph):
+# - query tiles: grid (cdiv(S * G, BLOCK_M), B * Hkv), one pass over the keys per tile; used
+#   for prefill (S > 64) and whenever that grid already fills the GPU;
+# - split-KV: for decode windows (S <= 64) whose grid is below SPLIT_TARGET_WAVES programs per
+#   multiprocessor, the P * page_size positions the page table can address (the only context
+#   bound known without reading ctx_len) are cut into num_splits chunks of at least
+#   MIN_KEYS_PER_SPLIT keys, grid (tiles, B * Hkv, num_splits), then the combine kernel.
+#   Splits past a sequence's context find no key and cost one short program each.
+
+MAX_DECODE_ROWS = 64  # windows up to this many rows may split the keys
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+SPLIT_TARGET_WAVES = 2  # programs per multiprocessor the split schedule aims for
+MIN_KERNEL_HEAD_DIM = 2  # head sizes outside [2, 256] use the PyTorch implementation
+MAX_KERNEL_HEAD_DIM = 256
+_COMBINE_BLOCK_M = 16
+_INTERPRETER_MULTIPROCESSORS = 4  # the "device width" the split heuristic assumes on CPU
+USE_FLASH_ATTN = True  # use flash-attn's paged path where it is installed and applies
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def head_dim_block(head_dim: int) -> int:
+    """BLOCK_D of a head size: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def launch_config(dtype: torch.dtype, head_dim: int, pairs: int) -> LaunchConfig:
+    """Tile sizes for q's dtype, the head size and the (row, head) pairs per KV head."""
+    block_d = head_dim_block(head_dim)
+    if dtype == torch.float32:
+        return LaunchConfig(32, 32 if block_d <= 128 else 16, 4, 2)
+    if block_d >= 256:
+        return LaunchConfig(64, 32, 8, 2)
+    if block_d <= 64 or pairs <= 64:
+        return LaunchConfig(64, 64, 4, 3)
+    return LaunchConfig(128, 64, 8, 3)
+
+
+_MULTIPROCESSORS: dict[int, int] = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_MULTIPROCESSORS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _MULTIPROCESSORS:
+        _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _MULTIPROCESSORS[index]
+
+
+def split_count(
+    batch: int, kv_heads: int, rows: int, group: int, capacity: int, config: LaunchConfig,
+    device: torch.device,
+) -> int:
+    """How many key chunks the split-KV schedule uses (1: the query-tile schedule)."""
+    if rows > MAX_DECODE_ROWS:
+        return 1
+    programs = batch * kv_heads * triton.cdiv(rows * group, config.block_m)
+    target = SPLIT_TARGET_WAVES * _multiprocessors(device)
+    if programs >= target:
+        return 1
+    return max(1, min(triton.cdiv(target, programs), capacity // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
+def _upcast(q: torch.Tensor) -> bool:
+    """Compute in fp32: bf16 arithmetic and bf16 tl.dot are wrong in Triton's interpreter."""
+    return q.device.type != "cuda" and q.dtype == torch.bfloat16
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: torch.Tensor,
+    q_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton launcher of :func:`paged_attention` (arguments validated by the caller).
+
+    Uses flash-attn's paged path instead where it is installed and applies (see
+    :func:`flash_attn_applies`), and the PyTorch implementation for head sizes outside
+    ``[2, 256]``.
+    """
+    if flash_attn_applies(q, k_cache):
+        return paged_attention_flash(q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+    if not MIN_KERNEL_HEAD_DIM <= q.shape[-1] <= MAX_KERNEL_HEAD_DIM:
+        return paged_attention_torch(q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    paged_attention_into(out, q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+    return out
+
+
+def paged_attention_into(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: torch.Tensor,
+    q_len: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> None:
+    """The kernel launch itself, writing into a given contiguous ``out [B, S, Hq, D]`` of q's
+    dtype (tests hand it a tensor between guard bands). ``num_splits`` forces the schedule
+    (1: query tiles, more: split-KV with that many chunks) and ``block_m``/``block_n`` the
+    tile sizes (powers of two, at least 16); by default all three follow the shapes."""
+    batch, rows, q_heads, head_dim = q.shape
+    num_pages, page_size, kv_heads, _ = k_cache.shape
+    table_width = block_table.shape[1]
+    if out.numel() == 0:
+        return
+    group = q_heads // kv_heads
+    pairs = rows * group
+    capacity = table_width * page_size
+    config = launch_config(q.dtype, head_dim, pairs)
+    block_m = block_m or config.block_m
+    block_n = block_n or config.block_n
+    config = LaunchConfig(block_m, block_n, config.num_warps, config.num_stages)
+    if num_splits is None:
+        num_splits = split_count(batch, kv_heads, rows, group, capacity, config, q.device)
+    # a multiple of BLOCK_N, so that key tiles never straddle two splits
+    keys_per_split = max(block_n, triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n)
+    if num_splits > 1:
+        partial_out = torch.empty(batch * kv_heads, num_splits, pairs, head_dim,
+                                  dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(batch * kv_heads, num_splits, pairs, dtype=torch.float32,
+                                  device=q.device)
+    else:
+        partial_out = partial_lse = torch.empty(1, dtype=torch.float32, device=q.device)
+    block_d = head_dim_block(head_dim)
+    upcast = _upcast(q)
+    grid = (triton.cdiv(pairs, block_m), batch * kv_heads, num_splits)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, block_table, ctx_len, q_len, out, partial_out, partial_lse,
+        q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), block_table.stride(1),
+        ctx_len.stride(0), q_len.stride(0),
+        rows, kv_heads, group, head_dim, page_size, table_width, num_pages,
+        keys_per_split, num_splits, float(scale) * _LOG2_E,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=upcast,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        _combine_splits_kernel[(triton.cdiv(pairs, _COMBINE_BLOCK_M), batch * kv_heads)](
+            partial_out, partial_lse, ctx_len, q_len, out, ctx_len.stride(0), q_len.stride(0),
+            rows, kv_heads, group, head_dim, page_size, table_width, num_splits,
+            BLOCK_M=_COMBINE_BLOCK_M, BLOCK_D=block_d, num_warps=4,
+        )
+
+
+# ---------------------------------------------------------------------------- flash-attn
+#
+# A thin adapter to flash-attn's paged KV path (`flash_attn_with_kvcache`, pages of a multiple
+# of 256 positions), used where flash-attn is installed. flash-attn aligns its causal mask at
+# the bottom right of the S rows it is given, so each sequence's live rows are rolled to the
+# bottom (row j -> row S - live + j, which then sees keys 0 .. ctx + j) and rolled back after.
+# Page ids are clamped into range for flash-attn and the rows that need an uncovered position
+# are set to NaN here. One difference from the Triton kernel: flash-attn multiplies zero
+# probabilities by V, so a non-finite value in a cache entry that a row does not see (but a
+# later row of its window does) can reach that row's output.
+
+
+@functools.cache  # a failed import is not cached by Python and costs ~60 us per call
+def _flash_attn_with_kvcache():
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_with_kvcache
+
+
+def flash_attn_applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether :func:`paged_attention_triton` hands this call to flash-attn: it is installed,
+    ``USE_FLASH_ATTN`` is set, the tensors are fp16/bf16 CUDA tensors, pages hold a multiple
+    of 256 positions and ``head_dim`` is a multiple of 8 up to 256."""
+    head_dim = q.shape[-1]
+    return (
+        USE_FLASH_ATTN
+        and q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and k_cache.shape[1] % 256 == 0
+        and head_dim % 8 == 0
+        and head_dim <= 256
+        and _flash_attn_with_kvcache() is not None
+    )
+
+
+def paged_attention_flash(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx_len: torch.Tensor,
+    q_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`paged_attention` through flash-attn's ``flash_attn_with_kvcache``."""
+    flash_attn_with_kvcache = _flash_attn_with_kvcache()
+    batch, rows, _, _ = q.shape
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    capacity = block_table.shape[1] * page_size
+    row = torch.arange(rows, device=q.device)
+    ctx = ctx_len.long()
+    live = q_len.long().clamp(0, rows)
+    # rows at or past the page table's end are NaN below; flash-attn only gets the others
+    flash_rows = torch.minimum(live, (capacity - ctx).clamp(min=0))
+    source = (row[None, :] - rows + flash_rows[:, None]) % rows  # rolled row i <- row source
+    rolled = torch.gather(q, 1, source[:, :, None, None].expand(q.shape))
+    out = flash_attn_with_kvcache(
+        rolled, k_cache, v_cache,
+        cache_seqlens=(ctx + flash_rows).clamp(min=0).to(torch.int32),
+        block_table=block_table.clamp(0, num_pages - 1).to(torch.int32),
+        softmax_scale=scale, causal=True,
+    )
+    back = (row[None, :] + rows - flash_rows[:, None]) % rows
+    out = torch.gather(out, 1, back[:, :, None, None].expand(out.shape))
+    # a row is NaN when it needs a position at or past the first uncovered page
+    bad_page = (block_table < 0) | (block_table >= num_pages)
+    first_bad = torch.where(bad_page.any(dim=1), bad_page.int().argmax(dim=1),
+                            block_table.shape[1])
+    last_key = ctx[:, None] + row[None, :]
+    row_nan = (last_key < 0) | (last_key >= first_bad[:, None] * page_size)
+    out = torch.where(row_nan[:, :, None, None], math.nan, out)
+    out = torch.where((row[None, :] < live[:, None])[:, :, None, None], out, 0.0)
+    return out.to(q.dtype).contiguous()
+
+
+# ---------------------------------------------------------------------------- variants
+
+_HEAD_DIM_BLOCKS = (16, 32, 64, 128, 256)
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _attention_variant(dtype: torch.dtype, block_d: int, config: LaunchConfig) -> KernelVariant:
+    pointer = POINTER_TYPES[dtype]
+    signature = {
+        "q_ptr": pointer, "k_cache_ptr": pointer, "v_cache_ptr": pointer,
+        "block_table_ptr": "*i32", "ctx_len_ptr": "*i32", "q_len_ptr": "*i32",
+        "out_ptr": pointer, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
+    }
+    for name in (
+        "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
+        "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
+        "head_dim", "page_size", "table_width", "num_pages", "keys_per_split", "num_splits",
+    ):
+        signature[name] = "i32"
+    signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",
+                     BLOCK_D="constexpr", UPCAST="constexpr")
+    return KernelVariant(
+        name=f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}",
+        kernel=_paged_attention_kernel,
+        signature=signature,
+        constexprs={"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_D": block_d,
+                    "UPCAST": False},
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def _combine_variant(dtype: torch.dtype, block_d: int) -> KernelVariant:
+    signature = {
+        "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "ctx_len_ptr": "*i32",
+        "q_len_ptr": "*i32", "out_ptr": POINTER_TYPES[dtype],
+    }
+    for name in ("ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "head_dim",
+                 "page_size", "table_width", "num_splits"):
+        signature[name] = "i32"
+    signature.update(BLOCK_M="constexpr", BLOCK_D="constexpr")
+    return KernelVariant(
+        name=f"combine_{_SHORT[dtype]}_d{block_d}",
+        kernel=_combine_splits_kernel,
+        signature=signature,
+        constexprs={"BLOCK_M": _COMBINE_BLOCK_M, "BLOCK_D": block_d},
+        num_warps=4,
+    )
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """Every specialisation :func:`paged_attention_triton` launches on a GPU: q dtype x
+    BLOCK_D (head sizes up to 256) x the tile configuration of decode windows (S * G <= 64
+    pairs) and of longer query ranges, plus the combine kernel per dtype and BLOCK_D.
+    (On the CPU, Triton's interpreter additionally runs bf16 with UPCAST, never compiled.)"""
+    variants = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for block_d in _HEAD_DIM_BLOCKS:
+            for pairs in (MAX_DECODE_ROWS, MAX_DECODE_ROWS + 1):
+                variant = _attention_variant(dtype, block_d, launch_config(dtype, block_d, pairs))
+                variants[variant.name] = variant
+            variant = _combine_variant(dtype, block_d)
+            variants[variant.name] = variant
+    return list(variants.values())

@@ -1,0 +1,595 @@
+"""The Triton kernels of paged_attention, called through their launcher (Triton's interpreter
+when there is no GPU), against reference/attention.py and the PyTorch implementation, in both
+schedules (query tiles, split-KV + combine); outputs between guard bands. GPU-only checks
+(bf16, Qwen3-8B shapes, CUDA graphs, SDPA on the gathered cache, flash-attn) are marked
+``cuda``."""
+
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reference import attention as ref
+from tests.kernel_harness import guarded
+from wedlm_kernels import _library
+from wedlm_kernels.ops import attention as attention_ops
+from wedlm_kernels.ops._triton import POINTER_TYPES
+from wedlm_kernels.ops.attention import (
+    MIN_KEYS_PER_SPLIT,
+    LaunchConfig,
+    kernel_variants,
+    paged_attention_into,
+    paged_attention_torch,
+    paged_attention_triton,
+    split_count,
+)
+
+ON_GPU = torch.cuda.is_available()
+# where the kernel runs, as the `kernel_device` fixture (hypothesis tests cannot take
+# function-scoped fixtures): the GPU, else Triton's interpreter on the CPU
+DEVICE = "cuda" if ON_GPU else "cpu"
+# fp32 -> bf16 casts truncate in the interpreter (the GPU rounds to nearest even): bf16 only
+# on the GPU.
+DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
+
+# Outputs are convex combinations of O(1) values; the reference works in float64 on the same
+# low-precision inputs.
+# - fp32: fp32 products over D <= 256 and the online softmax lose a few ulps (~1e-6).
+# - fp16: the probabilities enter P @ V rounded to fp16 (2^-11 relative each, errors average
+#   out over keys) and the output is rounded once (2^-11): 2e-3 relative, 5e-4 absolute.
+# - bf16: the same with 2^-8: 1.6e-2 relative, 4e-3 absolute.
+TOLERANCE = {
+    torch.float32: dict(rtol=2e-5, atol=2e-5),
+    torch.float16: dict(rtol=2e-3, atol=5e-4),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=4e-3),
+}
+OUT_SENTINEL = 777.0  # the output's initial value: an element the kernel skips stays at it
+
+
+def _assert_close(actual, expected, dtype):
+    torch.testing.assert_close(
+        actual.cpu().to(torch.float64), expected.cpu().to(torch.float64), equal_nan=True,
+        **TOLERANCE[dtype],
+    )
+
+
+def _lengths(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def _table(rows):
+    return torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+
+
+def _caches(num_pages, page_size, kv_heads, head_dim, dtype, generator, fill=None):
+    """Random (or ``fill``-valued) K and V caches on the kernel device."""
+    shape = (num_pages, page_size, kv_heads, head_dim)
+    if fill is None:
+        return tuple(torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
+                     for _ in range(2))
+    return tuple(torch.full(shape, fill, dtype=dtype, device=DEVICE) for _ in range(2))
+
+
+def _run_kernel(args, **schedule):
+    """The launch into an output between guard bands, pre-filled with a sentinel; checks the
+    bands and that no element kept the sentinel (every element of out is written)."""
+    q = args[0]
+    out = guarded(torch.full(q.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
+    paged_attention_into(out.tensor, *args, **schedule)
+    out.check("out")
+    assert not (out.tensor == OUT_SENTINEL).any(), "an output element was not written"
+    return out.tensor
+
+
+def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
+    """A page table of distinct, scattered page ids covering every needed position; unused
+    table entries are -1."""
+    needed = [math.ceil((c + min(max(n, 0), rows)) / page_size) for c, n in zip(ctx_len, q_len)]
+    width = max(needed) + extra_pages
+    num_pages = sum(needed) + 2
+    free = torch.randperm(num_pages, generator=generator).tolist()
+    table = [[free.pop() for _ in range(n)] + [-1] * (width - n) for n in needed]
+    return table, num_pages
+
+
+@given(
+    dtype=st.sampled_from((torch.float32, torch.float16)),
+    head_dim=st.sampled_from([16, 64, 80]),
+    heads=st.sampled_from([(1, 1), (2, 1), (1, 4), (2, 4), (1, 8)]),  # (Hkv, G)
+    page_size=st.sampled_from([4, 16, 64]),
+    rows=st.integers(1, 7),
+    sequences=st.lists(
+        st.tuples(
+            st.sampled_from(["zero", "one", "boundary", "boundary-1", "any"]),
+            st.sampled_from(["zero", "one", "all", "any", "over", "negative"]),
+            st.integers(0, 2**16),
+        ),
+        min_size=1, max_size=2,
+    ),
+    extra_pages=st.integers(0, 2),
+    num_splits=st.sampled_from([None, 1, 2, 3]),
+    block_n=st.sampled_from([None, 16]),
+    strided_q=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kernel_matches_reference_and_pytorch(
+    dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, block_n,
+    strided_q, seed,
+):
+    g = torch.Generator().manual_seed(seed)
+    kv_heads, group = heads
+    q_heads = kv_heads * group
+    ctx_len, q_len = [], []
+    for ctx_kind, q_len_kind, draw in sequences:
+        boundary = page_size * (1 + draw % 3)
+        ctx_len.append({"zero": 0, "one": 1, "boundary": boundary, "boundary-1": boundary - 1,
+                        "any": draw % (3 * page_size + 5)}[ctx_kind])
+        q_len.append({"zero": 0, "one": 1, "all": rows, "any": draw % (rows + 1),
+                      "over": rows + 3, "negative": -2}[q_len_kind])
+    table, num_pages = _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, g)
+    batch = len(sequences)
+    if strided_q:  # [B, Hq, S, D + 3] viewed as [B, S, Hq, D]
+        q = torch.randn(batch, q_heads, rows, head_dim + 3, generator=g).to(dtype).to(DEVICE)
+        q = q.transpose(1, 2)[..., :head_dim]
+    else:
+        q = torch.randn(batch, rows, q_heads, head_dim, generator=g).to(dtype).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, dtype, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len),
+            head_dim**-0.5)
+
+    out = _run_kernel(args, num_splits=num_splits, block_n=block_n)
+
+    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                     for a in args])
+    assert not expected.isnan().any()  # every needed page is covered here
+    _assert_close(out, expected, dtype)
+    _assert_close(out, paged_attention_torch(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_count_changes_results_only_by_rounding(dtype):
+    # decode-shaped: 8 window rows over 300 positions in pages of 16, GQA 4
+    g = torch.Generator().manual_seed(1)
+    ctx, rows, kv_heads, group, head_dim, page_size = 292, 8, 1, 4, 64, 16
+    table, num_pages = _scattered_layout([ctx], [rows], rows, page_size, 1, g)
+    q = torch.randn(1, rows, kv_heads * group, head_dim, generator=g).to(dtype).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, dtype, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.125)
+    one = _run_kernel(args, num_splits=1).float()
+    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                     for a in args])
+    _assert_close(one, expected, dtype)
+    for num_splits in (3, 40):  # 40 splits of 16 keys: the last 20 find no key
+        split = _run_kernel(args, num_splits=num_splits, block_n=16).float()
+        # the partial outputs are fp32; only the final rounding to q's dtype may differ
+        tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else TOLERANCE[dtype]
+        torch.testing.assert_close(split, one, **tolerance)
+
+
+def test_prefill_query_tiles_match_the_reference():
+    # 70 prompt rows x GQA 2 = 140 (row, head) pairs: three query tiles of 64, no split
+    g = torch.Generator().manual_seed(2)
+    rows, kv_heads, group, head_dim, page_size = 70, 1, 2, 64, 16
+    batch_ctx, batch_q_len = [0, 5], [70, 41]
+    table, num_pages = _scattered_layout(batch_ctx, batch_q_len, rows, page_size, 0, g)
+    q = torch.randn(2, rows, kv_heads * group, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths(batch_ctx), _lengths(batch_q_len),
+            head_dim**-0.5)
+    config = attention_ops.launch_config(torch.float32, head_dim, rows * group)
+    assert split_count(2, kv_heads, rows, group, 10**6, config, torch.device(DEVICE)) == 1
+    out = _run_kernel(args, block_m=64)
+    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                     for a in args])
+    _assert_close(out, expected, torch.float32)
+
+
+def test_prefill_equals_causal_sdpa_on_the_gathered_cache():
+    g = torch.Generator().manual_seed(3)
+    prompt, kv_heads, group, head_dim, page_size = 37, 2, 4, 80, 16
+    table, num_pages = _scattered_layout([0], [prompt], prompt, page_size, 1, g)
+    q = torch.randn(1, prompt, kv_heads * group, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
+    out = _run_kernel((q, k_cache, v_cache, _table(table), _lengths([0]), _lengths([prompt]),
+                       head_dim**-0.5))
+    expected = _sdpa_on_gathered_cache(q, k_cache, v_cache, table[0], 0, prompt)
+    torch.testing.assert_close(out[0], expected, rtol=2e-5, atol=2e-5)
+
+
+def _sdpa_on_gathered_cache(q, k_cache, v_cache, page_ids, ctx, rows):
+    """SDPA of ``q[0, :rows]`` over positions ``0 .. ctx + rows - 1`` copied densely out of the
+    pages, with the bottom-right causal mask (row j sees ctx + j); GQA by repeating KV heads."""
+    page_size = k_cache.shape[1]
+    length = ctx + rows
+    pages = torch.tensor(page_ids, device=q.device)
+    keys = k_cache[pages].flatten(0, 1)[:length]  # [L, Hkv, D]
+    values = v_cache[pages].flatten(0, 1)[:length]
+    assert keys.shape[0] == length and page_size > 0
+    group = q.shape[2] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)
+    values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+    mask = (torch.arange(length, device=q.device)[None, :]
+            <= ctx + torch.arange(rows, device=q.device)[:, None])
+    out = F.scaled_dot_product_attention(
+        q[0, :rows].transpose(0, 1).float(), keys.float(), values.float(), attn_mask=mask,
+        scale=q.shape[-1] ** -0.5,
+    )
+    return out.transpose(0, 1).to(q.dtype)
+
+
+@pytest.mark.parametrize("page_size", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_pages_smaller_than_a_key_tile_are_read_per_key(page_size, num_splits):
+    # position t holds the value t in v, k = 0: row j averages positions 0 .. ctx + j
+    ctx, rows, head_dim = 9, 3, 16
+    num_positions = ctx + rows
+    page_ids = torch.randperm(num_positions, generator=torch.Generator().manual_seed(4))
+    page_ids = page_ids[: math.ceil(num_positions / page_size)].tolist()
+    num_pages = num_positions
+    v_cache = torch.full((num_pages, page_size, 1, head_dim), math.nan)
+    k_cache = torch.full((num_pages, page_size, 1, head_dim), math.nan)
+    for pos in range(num_positions):
+        v_cache[page_ids[pos // page_size], pos % page_size] = float(pos)
+        k_cache[page_ids[pos // page_size], pos % page_size] = 0.0
+    q = torch.randn(1, rows, 2, head_dim).to(DEVICE)
+    out = _run_kernel((q, k_cache.to(DEVICE), v_cache.to(DEVICE), _table([page_ids]),
+                       _lengths([ctx]), _lengths([rows]), 1.0), num_splits=num_splits)
+    for j in range(rows):
+        torch.testing.assert_close(out[0, j].cpu(), torch.full((2, head_dim), (ctx + j) / 2))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_gqa_query_head_h_reads_kv_head_h_div_group(num_splits):
+    g = torch.Generator().manual_seed(5)
+    q_heads, kv_heads, head_dim, page_size = 8, 2, 16, 4
+    q = torch.randn(1, 3, q_heads, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(3, page_size, kv_heads, head_dim, torch.float32, g)
+    rest = (_table([[1, 0, 2]]), _lengths([6]), _lengths([3]), 0.25)
+    before = _run_kernel((q, k_cache, v_cache, *rest), num_splits=num_splits)
+    v_changed = v_cache.clone()
+    v_changed[:, :, 1] = 0.0
+    after = _run_kernel((q, k_cache, v_changed, *rest), num_splits=num_splits)
+    # heads 0..3 read KV head 0 (unchanged), heads 4..7 read KV head 1 (now zero)
+    assert torch.equal(after[:, :, :4], before[:, :, :4])
+    assert (after[:, :, 4:] == 0).all() and (before[:, :, 4:] != 0).all()
+
+
+@pytest.mark.parametrize("q_len, live_rows", [(0, 0), (-3, 0), (2, 2), (5, 5), (9, 5)])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits):
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 5, 2, 16, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(3, 4, 1, 16, torch.float32, g)
+    args = (q, k_cache, v_cache, _table([[2, 0, 1]]), _lengths([3]), _lengths([q_len]), 0.3)
+    out = _run_kernel(args, num_splits=num_splits)
+    assert (out[0, live_rows:] == 0).all()
+    assert (out[0, :live_rows] != 0).all()
+    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                             for a in args]), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "block_table",
+    [
+        [[1, -1, 0]],  # negative page id
+        [[1, 3, 0]],  # page id >= num_pages
+        [[1]],  # page index >= P
+    ],
+)
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_needed_position_without_a_page_gives_a_nan_row(block_table, num_splits):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 6, 2, 16, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(3, 4, 1, 16, torch.float32, g)
+    # ctx 2: rows 0, 1 need positions <= 3 (page 0); rows 2..5 need page 1 as well
+    args = (q, k_cache, v_cache, _table(block_table), _lengths([2]), _lengths([6]), 0.3)
+    out = _run_kernel(args, num_splits=num_splits, block_n=16)
+    assert out[0, :2].isfinite().all()
+    assert out[0, 2:].isnan().all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_negative_ctx_len_rows_without_any_visible_key_are_nan(num_splits):
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 5, 1, 16, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(2, 4, 1, 16, torch.float32, g)
+    args = (q, k_cache, v_cache, _table([[1, 0]]), _lengths([-2]), _lengths([5]), 0.3)
+    out = _run_kernel(args, num_splits=num_splits)
+    # row j sees positions 0 .. j - 2: rows 0 and 1 see nothing
+    assert out[0, :2].isnan().all()
+    assert out[0, 2:].isfinite().all()
+    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                             for a in args]), torch.float32)
+
+
+def test_an_empty_page_table_makes_every_live_row_nan():
+    q = torch.randn(2, 3, 2, 16).to(DEVICE)
+    k_cache, v_cache = _caches(2, 4, 1, 16, torch.float32, torch.Generator().manual_seed(9))
+    block_table = torch.zeros(2, 0, dtype=torch.int32, device=DEVICE)
+    out = _run_kernel((q, k_cache, v_cache, block_table, _lengths([0, 4]), _lengths([2, 3]),
+                       0.3))
+    assert out[0, :2].isnan().all() and (out[0, 2] == 0).all() and out[1].isnan().all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits):
+    # Every cache entry a row does not see holds NaN/inf: the unused parts of the pages, the
+    # window rows after the row (its diagonal key tile), other pages.
+    g = torch.Generator().manual_seed(10)
+    ctx, rows, head_dim, page_size = 21, 6, 16, 16
+    k_cache = torch.full((4, page_size, 1, head_dim), math.nan)
+    v_cache = torch.full((4, page_size, 1, head_dim), math.inf)
+    page_ids = [3, 1]
+    for pos in range(ctx + rows):
+        k_cache[page_ids[pos // page_size], pos % page_size] = torch.randn(1, head_dim,
+                                                                           generator=g)
+        v_cache[page_ids[pos // page_size], pos % page_size] = torch.randn(1, head_dim,
+                                                                           generator=g)
+    v_cache[page_ids[(ctx + 2) // page_size], (ctx + 2) % page_size, 0, 3] = math.nan
+    k_cache[page_ids[(ctx + 4) // page_size], (ctx + 4) % page_size, 0, 5] = math.nan
+    q = torch.randn(1, rows, 2, head_dim, generator=g)
+    args = (q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), _table([page_ids]),
+            _lengths([ctx]), _lengths([rows]), 0.3)
+    out = _run_kernel(args, num_splits=num_splits, block_n=16).cpu()
+    # rows 0, 1 see neither bad entry; rows 2, 3 see v's element 3 of position ctx + 2;
+    # rows 4, 5 also see a NaN key (every score, so the whole row, is NaN)
+    assert out[0, :2].isfinite().all()
+    assert out[0, 2:4, :, 3].isnan().all()
+    assert out[0, 2:4, :, [0, 1, 2, 4, 5, 6, 7]].isfinite().all()
+    assert out[0, 4:].isnan().all()
+    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                             for a in args]), torch.float32)
+
+
+def test_strided_block_table_and_lengths_are_read_through_their_strides():
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 2, 16, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(6, 4, 1, 16, torch.float32, g)
+    wide_table = torch.tensor([[4, -5, 0, -5, 2], [1, -5, 5, -5, 3]], dtype=torch.int32,
+                              device=DEVICE)
+    lengths = torch.tensor([[5, 3], [0, 2]], dtype=torch.int32, device=DEVICE)
+    args = (q, k_cache, v_cache, wide_table[:, ::2], lengths[:, 0], lengths[:, 1], 0.3)
+    out = _run_kernel(args)
+    contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+    _assert_close(out, paged_attention_torch(*contiguous), torch.float32)
+
+
+def test_launcher_returns_a_fresh_contiguous_output_and_leaves_inputs_unchanged():
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 3, 4, 16, generator=g).to(torch.float16).to(DEVICE)
+    k_cache, v_cache = _caches(4, 2, 2, 16, torch.float16, g)
+    args = (q, k_cache, v_cache, _table([[0, 1], [2, 3]]), _lengths([1, 0]), _lengths([3, 2]),
+            0.3)
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    out = paged_attention_triton(*args)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert all(out.data_ptr() != a.data_ptr() for a in args[:3])
+    for arg, copy in zip(args, copies):
+        if isinstance(arg, torch.Tensor):
+            assert torch.equal(arg, copy)
+    _assert_close(out, paged_attention_torch(*args), torch.float16)
+
+
+def test_empty_shapes_return_empty_outputs():
+    k_cache, v_cache = _caches(2, 4, 1, 16, torch.float32, torch.Generator().manual_seed(13))
+    for batch, rows in ((0, 3), (2, 0)):
+        q = torch.randn(batch, rows, 2, 16, device=DEVICE)
+        out = paged_attention_triton(q, k_cache, v_cache,
+                                     torch.zeros(batch, 1, dtype=torch.int32, device=DEVICE),
+                                     _lengths([0] * batch), _lengths([1] * batch), 0.3)
+        assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("head_dim", [1, 264])
+def test_head_dims_outside_2_to_256_use_the_pytorch_implementation(monkeypatch, head_dim):
+    g = torch.Generator().manual_seed(14)
+    q = torch.randn(1, 2, 1, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(1, 4, 1, head_dim, torch.float32, g)
+    args = (q, k_cache, v_cache, _table([[0]]), _lengths([1]), _lengths([2]), 0.1)
+    monkeypatch.setattr(attention_ops, "_paged_attention_kernel", None)  # never launched
+    out = paged_attention_triton(*args)
+    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                             for a in args]), torch.float32)
+
+
+def test_launcher_has_the_signature_of_the_pytorch_implementation_and_is_registered():
+    assert inspect.signature(paged_attention_triton) == inspect.signature(paged_attention_torch)
+    assert _library.triton_launcher("paged_attention") is paged_attention_triton
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def test_split_kv_is_chosen_only_for_short_windows_that_underfill_the_device():
+    cuda_like = torch.device("cpu")  # the heuristic's device width on the CPU
+    width = attention_ops._multiprocessors(cuda_like)
+    config = LaunchConfig(64, 64, 4, 3)
+    long_context = 16384
+    # one sequence, one KV head: one program without splitting, far below the target
+    splits = split_count(1, 1, 16, 4, long_context, config, cuda_like)
+    assert splits == attention_ops.SPLIT_TARGET_WAVES * width
+    # prefill rows never split
+    assert split_count(1, 1, attention_ops.MAX_DECODE_ROWS + 1, 1, long_context, config,
+                       cuda_like) == 1
+    # a grid that already fills the device does not split
+    assert split_count(64, 8, 16, 4, long_context, config, cuda_like) == 1
+    # short contexts: each split keeps at least MIN_KEYS_PER_SPLIT positions
+    assert split_count(1, 1, 16, 4, 3 * MIN_KEYS_PER_SPLIT - 1, config, cuda_like) == 2
+    assert split_count(1, 1, 16, 4, MIN_KEYS_PER_SPLIT - 1, config, cuda_like) == 1
+
+
+def test_default_schedule_of_a_long_decode_window_splits_and_matches_the_reference():
+    # B = 1, 1 KV head, 4 window rows over 1000 positions: the default schedule splits
+    g = torch.Generator().manual_seed(15)
+    ctx, rows, group, head_dim, page_size = 1000, 4, 2, 16, 64
+    table, num_pages = _scattered_layout([ctx], [rows], rows, page_size, 0, g)
+    config = attention_ops.launch_config(torch.float32, head_dim, rows * group)
+    capacity = len(table[0]) * page_size
+    assert split_count(1, 1, rows, group, capacity, config, torch.device(DEVICE)) > 1
+    q = torch.randn(1, rows, group, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.25)
+    out = _run_kernel(args)
+    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
+                                             for a in args]), torch.float32)
+
+
+# ---------------------------------------------------------------------------- variants
+
+
+class _RecordingKernel:
+    """Stands in for a @triton.jit kernel and records the specialisation of each launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, num_stages=3, **constexprs):
+            types = [
+                POINTER_TYPES[a.dtype] if isinstance(a, torch.Tensor)
+                else "fp32" if isinstance(a, float) else "i32"
+                for a in args
+            ]
+            self.launches.append((tuple(types), tuple(sorted(constexprs.items())), num_warps,
+                                  num_stages))
+        return launch
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 80, 96, 128, 192, 256])
+def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeypatch, head_dim):
+    variants = kernel_variants()
+    attention, combine = _RecordingKernel(), _RecordingKernel()
+    monkeypatch.setattr(attention_ops, "_paged_attention_kernel", attention)
+    monkeypatch.setattr(attention_ops, "_combine_splits_kernel", combine)
+    monkeypatch.setattr(attention_ops, "_upcast", lambda q: False)  # as on a GPU
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, group, num_splits in ((16, 4, 1), (16, 4, 3), (32, 4, 2), (64, 2, None),
+                                        (65, 1, None), (512, 4, None), (7, 1, 2)):
+            q = torch.zeros(1, rows, group, head_dim, dtype=dtype)
+            cache = torch.zeros(1, 16, 1, head_dim, dtype=dtype)
+            out = torch.empty_like(q)
+            paged_attention_into(out, q, cache, cache, torch.zeros(1, 4, dtype=torch.int32),
+                                 _lengths([0]).cpu(), _lengths([rows]).cpu(), 0.1,
+                                 num_splits=num_splits)
+    for variant in variants:
+        assert list(variant.signature) == list(inspect.signature(variant.kernel.fn).parameters)
+        # Triton compiles an int argument equal to 1 as a constant unless told not to: only
+        # head_dim (>= 2 here) is specialised, so "i32" is what every launch compiles
+        unspecialised = (attention_ops.ATTENTION_UNSPECIALISED
+                         if variant.name.startswith("attention_")
+                         else attention_ops.COMBINE_UNSPECIALISED)
+        integers = {name for name, kind in variant.signature.items() if kind == "i32"}
+        assert integers - set(unspecialised) == {"head_dim"}
+    listed = {
+        (
+            tuple(t for t in v.signature.values() if t != "constexpr"),
+            tuple(sorted(v.constexprs.items())),
+            v.num_warps,
+            v.num_stages,
+        )
+        for v in variants
+    }
+    assert len(attention.launches) == 3 * 7 and len(combine.launches) == 3 * 3
+    for launch in attention.launches + combine.launches:
+        assert launch in listed, launch
+
+
+# ---------------------------------------------------------------------------- GPU only
+
+
+def _qwen3_decode_inputs(batch, rows, context, page_size, dtype, generator, q_len=None):
+    """Qwen3-8B heads (32 q, 8 KV, head_dim 128): ``batch`` windows of ``rows`` rows after
+    ``context`` committed positions, scattered pages."""
+    q_heads, kv_heads, head_dim = 32, 8, 128
+    pages_per_seq = math.ceil((context + rows) / page_size)
+    num_pages = batch * pages_per_seq + 3
+    table = torch.randperm(num_pages, generator=generator)[: batch * pages_per_seq]
+    q = torch.randn(batch, rows, q_heads, head_dim, generator=generator).to(dtype).cuda()
+    k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim,
+                          generator=generator).to(dtype).cuda()
+    v_cache = torch.randn(num_pages, page_size, kv_heads, head_dim,
+                          generator=generator).to(dtype).cuda()
+    q_len = [rows] * batch if q_len is None else q_len
+    return (q, k_cache, v_cache, table.view(batch, pages_per_seq).int().cuda(),
+            torch.full((batch,), context, dtype=torch.int32, device="cuda"),
+            torch.tensor(q_len, dtype=torch.int32, device="cuda"), head_dim**-0.5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch, rows, context, page_size", [
+    (1, 16, 4000, 16), (4, 32, 777, 64), (16, 16, 2048, 16), (2, 48, 9000, 64),
+    (1, 1000, 0, 16), (2, 300, 129, 64),
+])
+def test_qwen3_shapes_match_pytorch_on_gpu(dtype, batch, rows, context, page_size):
+    g = torch.Generator().manual_seed(20)
+    q_len = [rows - 3 * b for b in range(batch)]
+    args = _qwen3_decode_inputs(batch, rows, context, page_size, dtype, g, q_len)
+    out = _run_kernel(args)
+    _assert_close(out, paged_attention_torch(*args), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 256])
+def test_head_sizes_match_pytorch_on_gpu(dtype, head_dim):
+    g = torch.Generator().manual_seed(21)
+    for rows, context in ((16, 1500), (200, 50)):
+        table, num_pages = _scattered_layout([context, 3], [rows, rows], rows, 16, 0, g)
+        q = torch.randn(2, rows, 8, head_dim, generator=g).to(dtype).cuda()
+        k_cache, v_cache = _caches(num_pages, 16, 2, head_dim, dtype, g)
+        args = (q, k_cache, v_cache, _table(table), _lengths([context, 3]),
+                _lengths([rows, rows - 5]), head_dim**-0.5)
+        _assert_close(_run_kernel(args), paged_attention_torch(*args), dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows, context", [(16, 3000), (512, 0)])
+def test_bf16_equals_sdpa_on_the_gathered_cache_on_gpu(rows, context):
+    g = torch.Generator().manual_seed(22)
+    args = _qwen3_decode_inputs(1, rows, context, 16, torch.bfloat16, g)
+    q, k_cache, v_cache, table = args[:4]
+    out = paged_attention_triton(*args)
+    expected = _sdpa_on_gathered_cache(q, k_cache, v_cache, table[0].tolist(), context, rows)
+    _assert_close(out[0], expected, torch.bfloat16)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_with_changed_inputs_matches_eager():
+    g = torch.Generator().manual_seed(23)
+    static = list(_qwen3_decode_inputs(2, 16, 3000, 16, torch.bfloat16, g))
+    static[5] = torch.tensor([16, 9], dtype=torch.int32, device="cuda")
+
+    def step():
+        return paged_attention_triton(*static)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for context, q_len in (([100, 2500], [16, 3]), ([3000, 0], [1, 16])):
+        fresh = _qwen3_decode_inputs(2, 16, 3000, 16, torch.bfloat16, g)
+        for target, source in zip(static[:4], fresh[:4]):
+            target.copy_(source)
+        static[4].copy_(torch.tensor(context, dtype=torch.int32))
+        static[5].copy_(torch.tensor(q_len, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        assert torch.equal(captured, eager)
+        _assert_close(captured, paged_attention_torch(*static), torch.bfloat16)
+
+
+@pytest.mark.cuda
+def test_flash_attn_adapter_matches_the_triton_kernel():
+    pytest.importorskip("flash_attn")
+    g = torch.Generator().manual_seed(24)
+    args = list(_qwen3_decode_inputs(3, 16, 700, 256, torch.bfloat16, g, q_len=[16, 5, 0]))
+    assert attention_ops.flash_attn_applies(args[0], args[1])
+    expected = _run_kernel(args)
+    _assert_close(attention_ops.paged_attention_flash(*args), expected, torch.bfloat16)

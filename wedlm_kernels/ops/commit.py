@@ -3,12 +3,26 @@
 The last op of a decode step (ALGORITHM.md section 4, steps 2 and 7; docs/contracts.md
 "commit_window" rules 1-8). It updates the whole decoder state in place without a host
 synchronisation, so a step can be captured in a CUDA graph.
+
+The op has a vectorised PyTorch implementation (``commit_window_torch``) and a Triton kernel
+(``commit_window_triton``: one launch, one program per sequence).
 """
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import _validate
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+
+# The kernel holds one sequence's whole window in a tile of BLOCK_SLOTS lanes: window
+# capacities up to MAX_KERNEL_SLOTS use the kernel, larger ones the PyTorch implementation
+# (a shape decision, made without reading tensor values). Selected rows are matched against
+# the window slots BLOCK_ROWS rows at a time.
+MIN_BLOCK_SLOTS = 16
+MAX_KERNEL_SLOTS = 512
+BLOCK_ROWS = 16
 
 
 def commit_window(
@@ -316,6 +330,227 @@ def commit_window_torch(
     out_tokens.copy_(outputs)
     out_len.copy_(length.to(torch.int32))
     finished.copy_(finished | finished_now | early)
+
+
+@triton.jit
+def _commit_window_kernel(
+    win_tokens_ptr,  # [B, S] int64, contiguous, mutated
+    win_mask_ptr,  # [B, S] bool, contiguous, mutated
+    win_len_ptr,  # [B] int32, mutated
+    ctx_len_ptr,  # [B] int32, mutated
+    cu_rows_ptr,  # [B + 1] int32
+    row_pos_ptr,  # [R] int64
+    token_ptr,  # [R] int64
+    selected_ptr,  # [R] bool
+    out_tokens_ptr,  # [B, T] int64, contiguous, mutated
+    out_len_ptr,  # [B] int32, mutated
+    finished_ptr,  # [B] bool, mutated
+    stop_ids_ptr,  # [B, K] int64
+    max_new_ptr,  # [B] int32
+    slots,  # S
+    rows,  # R
+    capacity,  # T
+    stops,  # K
+    window,
+    mask_id,
+    blockwise,  # 0 or 1
+    stride_cu_rows, stride_row_pos, stride_token, stride_selected,
+    stride_stop_b, stride_stop_k, stride_max_new,
+    BLOCK_SLOTS: tl.constexpr,  # power of two >= S
+    BLOCK_ROWS: tl.constexpr,
+):
+    # One program per sequence b, following the numbered rules of docs/contracts.md
+    # "commit_window". The window lives in registers ([BLOCK_SLOTS] lanes, lane s = slot s)
+    # from its loads to the final stores, so the in-place shift has no read-after-write
+    # hazard. The prefix rules are cumulative sums over the lanes: the leading run is the
+    # number of lanes before the first lane that is not a filled live slot, and slot s of
+    # the run is committed iff s < run, s < limit - out_len and no stop token precedes it.
+    # Inactive sequences run the same code with every store masked off.
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, BLOCK_SLOTS)  # [BLOCK_SLOTS]
+    slot64 = slot.to(tl.int64)
+    in_window = slot < slots
+    state_row = b * slots
+    out_row = b * capacity
+    stop_ids_row = stop_ids_ptr + b * stride_stop_b
+
+    win_len = tl.load(win_len_ptr + b)
+    active = (tl.load(finished_ptr + b) == 0) & (win_len > 0)
+    live_len = tl.minimum(win_len, slots)
+    ctx_len = tl.load(ctx_len_ptr + b)
+    out_len = tl.load(out_len_ptr + b)
+    limit = tl.minimum(tl.maximum(tl.load(max_new_ptr + b * stride_max_new), 0), capacity)
+
+    live = slot < live_len
+    tokens = tl.load(win_tokens_ptr + state_row + slot64, mask=live, other=mask_id)
+    is_mask = tl.load(win_mask_ptr + state_row + slot64, mask=live, other=1) != 0
+
+    keep = active  # the sequence goes on (rules 3 and 6 end it)
+    for phase in tl.static_range(2):
+        # phase 0: rules 1-2 on the window fed to the forward; phase 1: rule 6 (early
+        # finish) on the shifted and filled window, whose run is committed only if that
+        # finishes the sequence. Both end with eff = the effective run of their window.
+        not_filled = (is_mask | (slot >= live_len)).to(tl.int32)
+        run = tl.sum((tl.cumsum(not_filled, axis=0) == 0).to(tl.int32), axis=0)
+        block = tl.minimum(live_len, window)
+        eff = tl.where(blockwise != 0, tl.where(run >= block, block, 0), run)
+
+        # a scalar loop over the stop ids: K = 0 needs no empty tile
+        is_stop = tl.full([BLOCK_SLOTS], 0, dtype=tl.int1)
+        for k in range(0, stops):
+            stop_id = tl.load(stop_ids_row + k * stride_stop_k)
+            is_stop = is_stop | ((tokens == stop_id) & (stop_id >= 0))
+        stop = is_stop.to(tl.int32)
+        stops_before = tl.cumsum(stop, axis=0) - stop
+        taken = (slot < eff) & (slot < limit - out_len) & (stops_before == 0)
+        count = tl.sum(taken.to(tl.int32), axis=0)
+        stopped = tl.max((taken & is_stop).to(tl.int32), axis=0) != 0
+        finishes = stopped | (out_len + count >= limit)
+        if phase == 0:
+            commits = keep
+        else:
+            commits = keep & finishes
+
+        # output column out_len + s takes slot s of the committed run
+        column = out_len.to(tl.int64) + slot64
+        tl.store(out_tokens_ptr + out_row + column, tokens,
+                 mask=commits & taken & (column >= 0) & (column < capacity))
+        count = tl.where(commits, count, 0)
+        out_len += count
+        ctx_len += count
+        keep = keep & ~(commits & finishes)
+
+        if phase == 0:
+            # 4. shift left by the committed slots: lane s takes slot s + count (memory
+            # still holds the window fed to the forward); lanes past the live slots are masks
+            live_len -= count
+            live = slot < live_len
+            source = state_row + slot64 + count
+            tokens = tl.load(win_tokens_ptr + source, mask=live, other=mask_id)
+            is_mask = tl.load(win_mask_ptr + source, mask=live, other=1) != 0
+
+            # 5. fill: a selected row of b predicting position p writes slot p - ctx_len
+            # (the new ctx_len) if it is a live mask slot. Rows are matched against all
+            # lanes at once ([BLOCK_ROWS, BLOCK_SLOTS]); valid input has distinct
+            # positions, so at most one row hits a slot (else one of their tokens lands).
+            row_begin = tl.maximum(tl.load(cu_rows_ptr + b * stride_cu_rows), 0)
+            row_end = tl.minimum(tl.load(cu_rows_ptr + (b + 1) * stride_cu_rows), rows)
+            row_end = tl.where(keep, row_end, row_begin)  # only a continuing sequence fills
+            hit = tl.full([BLOCK_SLOTS], 0, dtype=tl.int1)
+            fill_token = tl.full([BLOCK_SLOTS], -9223372036854775808, dtype=tl.int64)
+            for start in range(row_begin, row_end, BLOCK_ROWS):
+                row = (start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)  # [BLOCK_ROWS]
+                in_rows = row < row_end
+                row_pos = tl.load(row_pos_ptr + row * stride_row_pos, mask=in_rows, other=-1)
+                chosen = tl.load(selected_ptr + row * stride_selected, mask=in_rows,
+                                 other=0) != 0
+                sampled = tl.load(token_ptr + row * stride_token, mask=in_rows, other=0)
+                target = row_pos - ctx_len
+                fills = in_rows & chosen & (row_pos >= 0) & (target >= 0) & (target < live_len)
+                # [BLOCK_ROWS, BLOCK_SLOTS]: row r writes lane s
+                match = fills[:, None] & (target[:, None] == slot64[None, :])
+                hit = hit | (tl.max(match.to(tl.int32), axis=0) != 0)
+                fill_token = tl.maximum(
+                    fill_token,
+                    tl.max(tl.where(match, sampled[:, None], -9223372036854775808), axis=0),
+                )
+            write = hit & is_mask
+            tokens = tl.where(write, fill_token, tokens)
+            is_mask = is_mask & ~write
+
+    # 7. refill with eff masks (lanes past live_len already are), within limit and S
+    new_len = tl.where(keep, tl.minimum(tl.minimum(live_len + eff, limit - out_len), slots), 0)
+
+    # 8. slots >= win_len are masks. The barrier: every lane has loaded before any store.
+    reset = slot >= new_len
+    tl.debug_barrier()
+    tl.store(win_tokens_ptr + state_row + slot64, tl.where(reset, mask_id, tokens),
+             mask=active & in_window)
+    tl.store(win_mask_ptr + state_row + slot64, reset | is_mask, mask=active & in_window)
+    tl.store(win_len_ptr + b, new_len, mask=active)
+    tl.store(ctx_len_ptr + b, ctx_len, mask=active)
+    tl.store(out_len_ptr + b, out_len, mask=active)
+    tl.store(finished_ptr + b, active, mask=active & ~keep)
+
+
+def _block_slots(slots: int) -> int:
+    return max(MIN_BLOCK_SLOTS, next_power_of_2(slots))
+
+
+def _num_warps(block_slots: int) -> int:
+    return 1 if block_slots <= 64 else 4
+
+
+def commit_window_triton(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    out_tokens: torch.Tensor,
+    out_len: torch.Tensor,
+    finished: torch.Tensor,
+    stop_ids: torch.Tensor,
+    max_new: torch.Tensor,
+    window: int,
+    mask_id: int,
+    blockwise: bool = False,
+) -> None:
+    batch, slots = win_tokens.shape
+    if slots > MAX_KERNEL_SLOTS:
+        commit_window_torch(
+            win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
+            out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
+        )
+        return None
+    if batch == 0:
+        return None
+    block_slots = _block_slots(slots)
+    _commit_window_kernel[(batch,)](
+        win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
+        out_tokens, out_len, finished, stop_ids, max_new,
+        slots, row_pos.shape[0], out_tokens.shape[1], stop_ids.shape[1],
+        window, mask_id, int(blockwise),
+        cu_rows.stride(0), row_pos.stride(0), token.stride(0), selected.stride(0),
+        stop_ids.stride(0), stop_ids.stride(1), max_new.stride(0),
+        BLOCK_SLOTS=block_slots,
+        BLOCK_ROWS=BLOCK_ROWS,
+        num_warps=_num_warps(block_slots),
+    )
+    return None
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """Every specialisation ``commit_window_triton`` launches: one per slot tile size."""
+    pointers = {
+        "win_tokens_ptr": torch.int64, "win_mask_ptr": torch.bool, "win_len_ptr": torch.int32,
+        "ctx_len_ptr": torch.int32, "cu_rows_ptr": torch.int32, "row_pos_ptr": torch.int64,
+        "token_ptr": torch.int64, "selected_ptr": torch.bool, "out_tokens_ptr": torch.int64,
+        "out_len_ptr": torch.int32, "finished_ptr": torch.bool, "stop_ids_ptr": torch.int64,
+        "max_new_ptr": torch.int32,
+    }
+    scalars = (
+        "slots", "rows", "capacity", "stops", "window", "mask_id", "blockwise",
+        "stride_cu_rows", "stride_row_pos", "stride_token", "stride_selected",
+        "stride_stop_b", "stride_stop_k", "stride_max_new",
+    )
+    signature = {name: POINTER_TYPES[dtype] for name, dtype in pointers.items()}
+    signature.update({name: "i32" for name in scalars})
+    signature.update(BLOCK_SLOTS="constexpr", BLOCK_ROWS="constexpr")
+    variants = []
+    block_slots = MIN_BLOCK_SLOTS
+    while block_slots <= _block_slots(MAX_KERNEL_SLOTS):
+        variants.append(KernelVariant(
+            name=f"block_slots={block_slots}", kernel=_commit_window_kernel,
+            signature=signature,
+            constexprs={"BLOCK_SLOTS": block_slots, "BLOCK_ROWS": BLOCK_ROWS},
+            num_warps=_num_warps(block_slots),
+        ))
+        block_slots *= 2
+    return variants
 
 
 def commit_window_fake(

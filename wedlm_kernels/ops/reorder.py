@@ -2,12 +2,24 @@
 
 Each sequence's live window slots are fed filled-first (a stable partition), at their
 logical RoPE positions, while their K/V goes to the cache slots of their physical rows.
+
+The op has a vectorised PyTorch implementation (``reorder_window_torch``) and a Triton
+kernel (``reorder_window_triton``: one launch, one program per sequence).
 """
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import _validate
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+
+# The kernel holds one sequence's whole window in a tile of BLOCK_SLOTS lanes: window
+# capacities up to MAX_KERNEL_SLOTS use the kernel, larger ones the PyTorch implementation
+# (a shape decision, made without reading tensor values).
+MIN_BLOCK_SLOTS = 16
+MAX_KERNEL_SLOTS = 512
 
 
 def reorder_window(
@@ -126,6 +138,165 @@ def reorder_window_torch(
         order.to(torch.int32),
         n_filled.squeeze(1).to(torch.int32),
     )
+
+
+@triton.jit
+def _reorder_window_kernel(
+    win_tokens_ptr,  # [B, S] int64
+    win_mask_ptr,  # [B, S] bool
+    win_len_ptr,  # [B] int32
+    ctx_len_ptr,  # [B] int32
+    block_table_ptr,  # [B, P] int32
+    input_ids_ptr,  # [B, S] int64, contiguous output
+    positions_ptr,  # [B, S] int64, contiguous output
+    slot_mapping_ptr,  # [B, S] int64, contiguous output
+    order_ptr,  # [B, S] int32, contiguous output
+    n_filled_ptr,  # [B] int32, output
+    slots,  # S
+    pages,  # P
+    page_size,
+    stride_tokens_b, stride_tokens_s,
+    stride_mask_b, stride_mask_s,
+    stride_win_len, stride_ctx_len,
+    stride_table_b, stride_table_p,
+    BLOCK_SLOTS: tl.constexpr,  # power of two >= S
+):
+    # One program per sequence b. Stable partition by ranks: with n live slots, a filled live
+    # slot s goes to physical row rank(s) = #filled live slots before s, a mask slot to
+    # n_filled + #mask slots before s, and a slot s >= n stays at row s (a padding row). The
+    # ranks are a permutation of 0..S-1, so the kernel scatters each slot's row values to
+    # row rank(s) instead of inverting the permutation. Physical row j writes its K/V at
+    # position L + j, so the slot mapping is computed per row j without the permutation.
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, BLOCK_SLOTS)  # [BLOCK_SLOTS]
+    in_window = slot < slots
+    live_len = tl.minimum(tl.maximum(tl.load(win_len_ptr + b * stride_win_len), 0), slots)
+    ctx = tl.load(ctx_len_ptr + b * stride_ctx_len).to(tl.int64)
+
+    live = slot < live_len
+    slot64 = slot.to(tl.int64)
+    tokens = tl.load(win_tokens_ptr + b * stride_tokens_b + slot64 * stride_tokens_s,
+                     mask=live, other=0)
+    is_mask = tl.load(win_mask_ptr + b * stride_mask_b + slot64 * stride_mask_s,
+                      mask=live, other=0) != 0
+    filled = (live & ~is_mask).to(tl.int32)
+    masked = (live & is_mask).to(tl.int32)
+    filled_before = tl.cumsum(filled, axis=0) - filled
+    masked_before = tl.cumsum(masked, axis=0) - masked
+    n_filled = tl.sum(filled, axis=0)
+    rank = tl.where(filled != 0, filled_before,
+                    tl.where(masked != 0, n_filled + masked_before, slot))
+
+    row_base = b * slots
+    scatter = row_base + rank.to(tl.int64)  # [BLOCK_SLOTS]: output element of slot s
+    tl.store(order_ptr + scatter, slot, mask=in_window)
+    tl.store(input_ids_ptr + scatter, tl.where(live, tokens, 0), mask=in_window)
+    tl.store(positions_ptr + scatter, ctx + tl.where(live, slot64, 0), mask=in_window)
+    tl.store(n_filled_ptr + b, n_filled)
+
+    # physical row j (= slot lane j) writes position L + j; physical >= 0 makes the
+    # truncating integer division and remainder the floor ones of the contract
+    physical = ctx + slot64
+    page_index = physical // page_size
+    in_table = live & (physical >= 0) & (page_index < pages)
+    page_id = tl.load(block_table_ptr + b * stride_table_b + page_index * stride_table_p,
+                      mask=in_table, other=-1).to(tl.int64)
+    writable = in_table & (page_id >= 0)
+    slot_mapping = tl.where(writable, page_id * page_size + physical % page_size, -1)
+    tl.store(slot_mapping_ptr + row_base + slot64, slot_mapping, mask=in_window)
+
+
+def _block_slots(slots: int) -> int:
+    return max(MIN_BLOCK_SLOTS, next_power_of_2(slots))
+
+
+def _num_warps(block_slots: int) -> int:
+    return 1 if block_slots <= 64 else 4
+
+
+def reorder_window_triton(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, slots = win_tokens.shape
+    if slots > MAX_KERNEL_SLOTS:
+        return reorder_window_torch(win_tokens, win_mask, win_len, ctx_len, block_table, page_size)
+    outputs = (
+        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # input_ids
+        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # positions
+        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # slot_mapping
+        win_tokens.new_empty((batch, slots), dtype=torch.int32),  # order
+        win_tokens.new_empty((batch,), dtype=torch.int32),  # n_filled
+    )
+    reorder_window_into(win_tokens, win_mask, win_len, ctx_len, block_table, page_size,
+                               *outputs)
+    return outputs
+
+
+def reorder_window_into(
+    win_tokens: torch.Tensor,
+    win_mask: torch.Tensor,
+    win_len: torch.Tensor,
+    ctx_len: torch.Tensor,
+    block_table: torch.Tensor,
+    page_size: int,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    order: torch.Tensor,
+    n_filled: torch.Tensor,
+) -> None:
+    """Launch the kernel into given contiguous outputs (``S <= MAX_KERNEL_SLOTS``).
+
+    ``reorder_window_triton`` allocates the outputs and calls this; tests pass outputs
+    placed between guard bands.
+    """
+    batch, slots = win_tokens.shape
+    if batch == 0:
+        return
+    block_slots = _block_slots(slots)
+    _reorder_window_kernel[(batch,)](
+        win_tokens, win_mask, win_len, ctx_len, block_table,
+        input_ids, positions, slot_mapping, order, n_filled,
+        slots, block_table.shape[1], page_size,
+        win_tokens.stride(0), win_tokens.stride(1),
+        win_mask.stride(0), win_mask.stride(1),
+        win_len.stride(0), ctx_len.stride(0),
+        block_table.stride(0), block_table.stride(1),
+        BLOCK_SLOTS=block_slots,
+        num_warps=_num_warps(block_slots),
+    )
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """Every specialisation ``reorder_window_triton`` launches: one per slot tile size."""
+    pointers = {
+        "win_tokens_ptr": torch.int64, "win_mask_ptr": torch.bool, "win_len_ptr": torch.int32,
+        "ctx_len_ptr": torch.int32, "block_table_ptr": torch.int32,
+        "input_ids_ptr": torch.int64, "positions_ptr": torch.int64,
+        "slot_mapping_ptr": torch.int64, "order_ptr": torch.int32, "n_filled_ptr": torch.int32,
+    }
+    scalars = (
+        "slots", "pages", "page_size", "stride_tokens_b", "stride_tokens_s", "stride_mask_b",
+        "stride_mask_s", "stride_win_len", "stride_ctx_len", "stride_table_b", "stride_table_p",
+    )
+    signature = {name: POINTER_TYPES[dtype] for name, dtype in pointers.items()}
+    signature.update({name: "i32" for name in scalars})
+    signature["BLOCK_SLOTS"] = "constexpr"
+    variants = []
+    block_slots = MIN_BLOCK_SLOTS
+    while block_slots <= _block_slots(MAX_KERNEL_SLOTS):
+        variants.append(KernelVariant(
+            name=f"block_slots={block_slots}", kernel=_reorder_window_kernel,
+            signature=signature, constexprs={"BLOCK_SLOTS": block_slots},
+            num_warps=_num_warps(block_slots),
+        ))
+        block_slots *= 2
+    return variants
 
 
 def reorder_window_fake(

@@ -89,7 +89,7 @@ def sample_row(
     above ``-inf``.
     """
     x = [NEG_INF if math.isnan(v) else v for v in _row_values(logits_row)]
-    if not temperature > 0:
+    if temperature <= 0:
         return _first_argmax(x)
     kept = kept_tokens(logits_row, top_k, top_p)
     noise = philox.gumbel(seed, position, len(x))

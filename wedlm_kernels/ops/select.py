@@ -11,10 +11,16 @@ the vocabulary. The Philox helpers below use plain int64 tensor arithmetic and a
 by every implementation that needs the stream.
 """
 
+import functools
+from dataclasses import dataclass
+
 import torch
+import triton
+import triton.language as tl
 
 from .. import _validate
 from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 # Philox4x32-10 constants (Salmon et al., SC11): round multipliers and key increments.
 PHILOX_MULTIPLIER_0 = 0xD2511F53
@@ -220,7 +226,7 @@ def _sample(
 ) -> torch.Tensor:
     """Top-k, top-p and Gumbel-max sample per row of ``x`` ``[R, V]`` (fp32, no NaN)."""
     vocab_size = x.shape[-1]
-    neg_inf = torch.tensor(float("-inf"), device=x.device)
+    neg_inf = torch.full((), float("-inf"), device=x.device)  # no host copy: graph-safe
     sorted_x = torch.sort(x, dim=-1, descending=True).values
 
     # top-k: keep x >= the k-th largest value (ties kept); k <= 0 or k >= V keeps all.
@@ -345,3 +351,804 @@ def select_tokens_fake(
         logits.new_empty((num_rows,), dtype=torch.bool),
         logits.new_empty((num_rows,), dtype=torch.float32),
     )
+
+
+# ----------------------------------------------------------------------------------------
+# Triton kernels.
+#
+# One call is three launches, none of which waits for the host:
+#
+# 1. _select_filter_kernel, one program per row. It finds the row's sequence (a binary
+#    search in cu_rows), writes the outputs of padding rows, and for sampling rows computes
+#    one number, the row's *floor*: the sampled token is the Gumbel-max argmax over the
+#    entries with x >= floor. The floor is the largest of
+#      - the k-th largest logit (top-k keeps x >= it, ties included),
+#      - the top-p cutoff: the smallest top-k survivor value c whose strictly larger
+#        survivors hold less than top_p of the survivors' softmax mass (top-p keeps x >= c;
+#        the mass above a value only grows as the value falls, so the kept set is an upper
+#        set of values and ties are kept together),
+#      - max(x) - GUMBEL_SPREAD * temperature: the noise lies in [-2.86, 17.33], so an entry
+#        further than 20.2 * T below the maximum can never beat the maximum's score; leaving
+#        it out changes no result and lets the main pass skip the noise of most blocks.
+#    Both thresholds are found without sorting by a search over the order-preserving integer
+#    keys of the fp32 values: each pass over the row evaluates NUM_PIVOTS pivots at once
+#    (counting x >= pivot for top-k, summing exp(x - max) over x > pivot for top-p), which
+#    shrinks the key interval NUM_PIVOTS-fold, so a 32-bit key space needs at most 9 passes;
+#    a pass that finds a single distinct value left in the interval ends the search early.
+#    Each predicate is monotone in the pivot and every answer is a data value (for top-k:
+#    one key above the k-th largest value fewer than k entries remain), so the search ends
+#    on the exact value, and ties are kept exactly like a sort would.
+# 2. _select_partials_kernel, grid (row, vocabulary split), launched once for the greedy
+#    rows and once for the sampling rows (each launch skips the other kind): one pass over a
+#    slice of the row, one tile at a time, with scalar accumulators:
+#      - softmax statistics: running max m, s = sum exp(x - m) and t = sum exp(x - m)(x - m)
+#        (t <= 0); when a tile raises the max from m to m', s <- s e^(m-m') and
+#        t <- e^(m-m') (t + (m - m') s). The entropy is H = log(s) - t / s: both terms are
+#        non-negative, so there is no cancellation.
+#      - greedy argmax, first index on ties (only a tile that raises the maximum is searched
+#        for its first maximal index; a tie with an earlier tile keeps the earlier index);
+#      - for sampling rows, the Gumbel-max argmax of x / T + g over x >= floor, with g from
+#        Philox4x32-10 at counter (v, position) and the seed as key, computed only for tiles
+#        that hold such an entry. The noise is stateless per (seed, position, v), so the
+#        split changes nothing.
+# 3. _select_sequences_kernel, one program per sequence: merges the partials of each row,
+#    writes token and entropy, and applies the distance penalty, the strict threshold and
+#    the fallback of the selection rule.
+# ----------------------------------------------------------------------------------------
+
+_NEG_INF = tl.constexpr(float("-inf"))
+_POS_INF = tl.constexpr(float("inf"))
+_INDEX_NONE = tl.constexpr(2**31 - 1)  # "no index yet" in argmax merges
+_GUMBEL_SPREAD = tl.constexpr(24.0)  # > max g - min g = 17.33 + 2.86, with margin
+_PHILOX_MUL0 = tl.constexpr(PHILOX_MULTIPLIER_0)
+_PHILOX_MUL1 = tl.constexpr(PHILOX_MULTIPLIER_1)
+_PHILOX_KEY_STEP0 = tl.constexpr(PHILOX_WEYL_0)
+_PHILOX_KEY_STEP1 = tl.constexpr(PHILOX_WEYL_1)
+_PHILOX_ROUNDS = tl.constexpr(PHILOX_ROUNDS)
+
+
+@triton.jit
+def _philox_first_word(vocab_index, position, seed):
+    """First Philox4x32-10 output word (uint32) at counter (vocab_index, position low,
+    position high, 0) with key (seed low, seed high); vocab_index is a uint32 tensor."""
+    c0 = vocab_index
+    c1 = tl.full(vocab_index.shape, 0, tl.uint32) + position.to(tl.uint32)
+    c2 = tl.full(vocab_index.shape, 0, tl.uint32) + (position >> 32).to(tl.uint32)
+    c3 = tl.full(vocab_index.shape, 0, tl.uint32)
+    k0 = seed.to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    for round_index in tl.static_range(_PHILOX_ROUNDS):
+        if round_index > 0:
+            k0 = k0 + _PHILOX_KEY_STEP0
+            k1 = k1 + _PHILOX_KEY_STEP1
+        hi0 = tl.umulhi(c0, _PHILOX_MUL0)
+        lo0 = c0 * _PHILOX_MUL0
+        hi1 = tl.umulhi(c2, _PHILOX_MUL1)
+        lo1 = c2 * _PHILOX_MUL1
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0
+
+
+@triton.jit
+def _gumbel_from_word(word):
+    """g = -log(-log(u)), u = ((word >> 8) + 0.5) * 2^-24, in fp32 (see gumbel_from_bits).
+
+    Below u = 1/2, u is exact; above, 1 - u is exact and -log(u) = -log1p(-(1 - u)) with
+    log1p(y) = y * log(1 + y) / ((1 + y) - 1) (exact division of the rounding error out;
+    y itself when 1 + y rounds to 1)."""
+    top = (word >> 8).to(tl.int32)  # < 2^24
+    u_lower = (top.to(tl.float32) + 0.5) * 5.9604644775390625e-08
+    one_minus_u = ((16777216 - top).to(tl.float32) - 0.5) * 5.9604644775390625e-08
+    y = -tl.minimum(one_minus_u, 0.5)  # -(1 - u) where it is used (u > 1/2)
+    one_plus_y = 1.0 + y
+    rounded_to_one = one_plus_y == 1.0
+    denominator = tl.where(rounded_to_one, 1.0, one_plus_y - 1.0)
+    log1p_y = tl.where(
+        rounded_to_one, y, tl.math.div_rn(y * tl.log(one_plus_y), denominator)
+    )
+    neg_log_u = tl.where(top < 8388608, -tl.log(u_lower), -log1p_y)
+    return -tl.log(neg_log_u)
+
+
+@triton.jit
+def _select_filter_kernel(
+    logits_ptr,  # [R, V], unit last stride
+    cu_rows_ptr,  # [B + 1] int32
+    row_pos_ptr,  # [R] int64
+    temperature_ptr,  # [B] fp32
+    top_k_ptr,  # [B] int32
+    top_p_ptr,  # [B] fp32
+    row_sequence_ptr,  # [R] int32 out: the row's sequence, -1 for padding rows
+    floor_ptr,  # [R] fp32 out: sampling rows draw from the entries x >= floor
+    token_ptr,  # [R] int64 out (padding rows only)
+    selected_ptr,  # [R] bool out (padding rows only)
+    entropy_ptr,  # [R] fp32 out (padding rows only)
+    logits_row_stride,
+    vocab_size,
+    num_sequences,
+    search_steps,  # bit length of B + 1
+    BLOCK: tl.constexpr,
+    NUM_PIVOTS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    position = tl.load(row_pos_ptr + row)
+
+    # sequence = the last b with cu_rows[b] <= row (binary search over b in [0, B])
+    low = tl.full([], 0, tl.int32)
+    high = tl.full([], 0, tl.int32) + num_sequences + 1
+    for _ in range(search_steps):
+        active = low < high
+        middle = (low + high) // 2
+        offset = tl.load(cu_rows_ptr + tl.where(active, middle, 0))
+        go_right = active & (offset <= row)
+        low = tl.where(go_right, middle + 1, low)
+        high = tl.where(active & ~go_right, middle, high)
+    sequence = low - 1
+    in_sequences = (sequence >= 0) & (sequence < num_sequences)
+    safe_sequence = tl.where(in_sequences, sequence, 0)
+    first_row = tl.load(cu_rows_ptr + safe_sequence)
+    end_row = tl.load(cu_rows_ptr + safe_sequence + 1)
+    valid = in_sequences & (first_row <= row) & (row < end_row) & (position >= 0)
+    tl.store(row_sequence_ptr + row, tl.where(valid, sequence, -1))
+
+    floor = tl.full([], float("nan"), tl.float32)  # keeps nothing: a NaN temperature samples 0
+    if valid:
+        temperature = tl.load(temperature_ptr + sequence)
+        if temperature > 0:
+            # Every pass below streams the row in BLOCK tiles, loading the next tile before
+            # working on the current one (one load always in flight). NaN counts as -inf.
+            row_ptr = logits_ptr + row * logits_row_stride
+            offsets = tl.arange(0, BLOCK)
+            lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+            lane_min = tl.full([BLOCK], float("inf"), tl.float32)
+            x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size, other=float("-inf"))
+            for block_start in range(0, vocab_size, BLOCK):
+                index = block_start + offsets
+                x = x_next.to(tl.float32)
+                x = tl.where(x == x, x, _NEG_INF)
+                x_next = tl.load(row_ptr + index + BLOCK, mask=index + BLOCK < vocab_size,
+                                 other=float("-inf"))
+                lane_max = tl.maximum(lane_max, x)
+                lane_min = tl.minimum(lane_min, tl.where(index < vocab_size, x, _POS_INF))
+            row_max = tl.max(lane_max, axis=0)
+            row_min = tl.min(lane_min, axis=0)
+            floor = row_max - _GUMBEL_SPREAD * temperature
+            floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf temperature
+
+            top_k = tl.load(top_k_ptr + sequence)
+            top_p = tl.load(top_p_ptr + sequence)
+            top_p_on = (top_p < 1.0) & (row_max > float("-inf")) & (row_max < float("inf"))
+            pivot_rank = tl.arange(0, NUM_PIVOTS).to(tl.int64) + 1
+
+            # Order-preserving integer keys of fp32 values: the bits for x >= +0.0, the bits
+            # with the 31 value bits flipped below (-0.0 sits one key under +0.0).
+            min_bits = row_min.to(tl.int32, bitcast=True)
+            min_key = tl.where(min_bits >= 0, min_bits, min_bits ^ 0x7FFFFFFF).to(tl.int64)
+            floor_bits = floor.to(tl.int32, bitcast=True)
+            floor_key = tl.where(floor_bits >= 0, floor_bits, floor_bits ^ 0x7FFFFFFF).to(tl.int64)
+            max_bits = row_max.to(tl.int32, bitcast=True)
+            max_key = tl.where(max_bits >= 0, max_bits, max_bits ^ 0x7FFFFFFF).to(tl.int64)
+
+            # top-k: the largest key y with count(x >= y) >= k (the k-th largest value).
+            # Invariant: the answer lies in [low, high]; without top-p only values above
+            # the floor matter, so the search may start there (answer low if none).
+            kth_key = tl.full([], -2139095041, tl.int64)  # the key of -inf
+            if (top_k > 0) & (top_k < vocab_size):
+                low_key = tl.where(top_p_on, min_key, tl.maximum(min_key, floor_key))
+                high_key = max_key
+                while low_key < high_key:
+                    low_bits = low_key.to(tl.int32)
+                    low_value = tl.where(low_bits >= 0, low_bits, low_bits ^ 0x7FFFFFFF).to(
+                        tl.float32, bitcast=True)
+                    high_bits = high_key.to(tl.int32)
+                    high_value = tl.where(high_bits >= 0, high_bits, high_bits ^ 0x7FFFFFFF).to(
+                        tl.float32, bitcast=True)
+                    width = high_key - low_key
+                    pivots = low_key + (width * pivot_rank + NUM_PIVOTS - 1) // NUM_PIVOTS
+                    pivot_bits = pivots.to(tl.int32)  # ascending, in (low, high]
+                    pivot_bits = tl.where(pivot_bits >= 0, pivot_bits, pivot_bits ^ 0x7FFFFFFF)
+                    pivot_values = pivot_bits.to(tl.float32, bitcast=True)
+                    counts = tl.full([NUM_PIVOTS], 0, tl.int32)
+                    count_low = tl.full([BLOCK], 0, tl.int32)
+                    inside_min = tl.full([BLOCK], float("inf"), tl.float32)
+                    inside_max = tl.full([BLOCK], float("-inf"), tl.float32)
+                    x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size,
+                                     other=float("-inf"))
+                    for block_start in range(0, vocab_size, BLOCK):
+                        index = block_start + offsets
+                        x = x_next.to(tl.float32)
+                        x = tl.where(x == x, x, _NEG_INF)
+                        x_next = tl.load(row_ptr + index + BLOCK,
+                                         mask=index + BLOCK < vocab_size, other=float("-inf"))
+                        counts += tl.sum((x[:, None] >= pivot_values[None, :]).to(tl.int32),
+                                         axis=0)
+                        at_least_low = (index < vocab_size) & (x >= low_value)
+                        count_low += at_least_low.to(tl.int32)
+                        inside = at_least_low & (x <= high_value)
+                        inside_min = tl.minimum(inside_min, tl.where(inside, x, _POS_INF))
+                        inside_max = tl.maximum(inside_max, tl.where(inside, x, _NEG_INF))
+                    value_min = tl.min(inside_min, axis=0)
+                    if value_min >= tl.max(inside_max, axis=0):
+                        # at most one distinct value v in [low, high]: C is C(low) up to v
+                        # and false above (C(high + 1) is false), so the answer is v if
+                        # C(v) = C(low) holds, else low
+                        v_bits = value_min.to(tl.int32, bitcast=True)
+                        v_key = tl.where(v_bits >= 0, v_bits, v_bits ^ 0x7FFFFFFF).to(tl.int64)
+                        found = (value_min < float("inf")) & (tl.sum(count_low, axis=0) >= top_k)
+                        low_key = tl.where(found, v_key, low_key)
+                        high_key = low_key
+                    else:
+                        # pivot j passes iff count >= k, true for j <= passing (the count
+                        # falls as the pivot rises): the answer lies in [pivot(passing),
+                        # pivot(passing + 1) - 1] with pivot(j) = low + ceil(width j / P)
+                        passing = tl.sum((counts >= top_k).to(tl.int64), axis=0)
+                        new_low = low_key + (width * passing + NUM_PIVOTS - 1) // NUM_PIVOTS
+                        new_high = low_key + (width * (passing + 1) + NUM_PIVOTS - 1) // NUM_PIVOTS
+                        low_key = new_low
+                        high_key = tl.minimum(high_key, new_high - 1)
+                kth_key = low_key
+            kth_bits = kth_key.to(tl.int32)
+            kth_value = tl.where(kth_bits >= 0, kth_bits, kth_bits ^ 0x7FFFFFFF).to(
+                tl.float32, bitcast=True
+            )
+            floor = tl.maximum(floor, kth_value)
+            floor_key = tl.maximum(floor_key, kth_key)
+
+            # top-p: the smallest key y with mass(x > y) < top_p * mass(all), the masses of
+            # the untempered softmax over the top-k survivors (x >= kth_value). Invariant:
+            # the answer lies in [low, high]; it is high (the maximum) when nothing passes,
+            # and the search starts at the floor (answer: the floor if it passes).
+            if top_p_on:
+                low_key = floor_key
+                high_key = max_key
+                while low_key < high_key:
+                    low_bits = low_key.to(tl.int32)
+                    low_value = tl.where(low_bits >= 0, low_bits, low_bits ^ 0x7FFFFFFF).to(
+                        tl.float32, bitcast=True)
+                    high_bits = high_key.to(tl.int32)
+                    high_value = tl.where(high_bits >= 0, high_bits, high_bits ^ 0x7FFFFFFF).to(
+                        tl.float32, bitcast=True)
+                    width = high_key - low_key
+                    pivots = high_key - (width * pivot_rank + NUM_PIVOTS - 1) // NUM_PIVOTS
+                    pivot_bits = pivots.to(tl.int32)  # descending, in [low, high)
+                    pivot_bits = tl.where(pivot_bits >= 0, pivot_bits, pivot_bits ^ 0x7FFFFFFF)
+                    pivot_values = pivot_bits.to(tl.float32, bitcast=True)
+                    above = tl.full([NUM_PIVOTS], 0.0, tl.float32)
+                    above_low = tl.full([BLOCK], 0.0, tl.float32)
+                    total = tl.full([BLOCK], 0.0, tl.float32)
+                    inside_min = tl.full([BLOCK], float("inf"), tl.float32)
+                    inside_max = tl.full([BLOCK], float("-inf"), tl.float32)
+                    x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size,
+                                     other=float("-inf"))
+                    for block_start in range(0, vocab_size, BLOCK):
+                        index = block_start + offsets
+                        x = x_next.to(tl.float32)
+                        x = tl.where(x == x, x, _NEG_INF)
+                        x_next = tl.load(row_ptr + index + BLOCK,
+                                         mask=index + BLOCK < vocab_size, other=float("-inf"))
+                        weight = tl.where(x >= kth_value, tl.exp(x - row_max), 0.0)
+                        total += weight
+                        above += tl.sum(
+                            tl.where(x[:, None] > pivot_values[None, :], weight[:, None], 0.0),
+                            axis=0)
+                        above_low += tl.where(x > low_value, weight, 0.0)
+                        inside = (x >= low_value) & (x <= high_value)  # finite: low > -inf
+                        inside_min = tl.minimum(inside_min, tl.where(inside, x, _POS_INF))
+                        inside_max = tl.maximum(inside_max, tl.where(inside, x, _NEG_INF))
+                    limit = top_p * tl.sum(total, axis=0)
+                    value_min = tl.min(inside_min, axis=0)
+                    if value_min >= tl.max(inside_max, axis=0):
+                        # at most one distinct value v in [low, high]: the mass above y is
+                        # that above low for y < v and that above high from v on, so the
+                        # answer is low if low passes, else v (or high when there is no v)
+                        v_bits = value_min.to(tl.int32, bitcast=True)
+                        v_key = tl.where(v_bits >= 0, v_bits, v_bits ^ 0x7FFFFFFF).to(tl.int64)
+                        v_key = tl.where(value_min < float("inf"), v_key, high_key)
+                        high_key = tl.where(tl.sum(above_low, axis=0) < limit, low_key, v_key)
+                        low_key = high_key
+                    else:
+                        # pivot j passes iff its mass is small, true for j <= passing (the
+                        # mass grows as the pivot falls): the answer lies in
+                        # [pivot(passing + 1) + 1, pivot(passing)], pivot(j) = high - ceil(width j / P)
+                        passing = tl.sum((above < limit).to(tl.int64), axis=0)
+                        new_high = high_key - (width * passing + NUM_PIVOTS - 1) // NUM_PIVOTS
+                        new_low = high_key - (width * (passing + 1) + NUM_PIVOTS - 1) // NUM_PIVOTS
+                        high_key = new_high
+                        low_key = tl.maximum(low_key, new_low + 1)
+                cutoff_bits = high_key.to(tl.int32)
+                floor = tl.where(cutoff_bits >= 0, cutoff_bits, cutoff_bits ^ 0x7FFFFFFF).to(
+                    tl.float32, bitcast=True
+                )
+    else:
+        tl.store(token_ptr + row, tl.full([], 0, tl.int64))
+        tl.store(selected_ptr + row, tl.full([], 0, tl.int1))
+        tl.store(entropy_ptr + row, tl.full([], 0.0, tl.float32))
+    tl.store(floor_ptr + row, floor)
+
+
+@triton.jit
+def _select_partials_kernel(
+    logits_ptr,  # [R, V], unit last stride
+    row_pos_ptr,  # [R] int64
+    temperature_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
+    row_sequence_ptr,  # [R] int32 (from _select_filter_kernel)
+    floor_ptr,  # [R] fp32 (from _select_filter_kernel)
+    partial_float_ptr,  # [R, num_splits, 4] fp32: m, s, t, best value
+    partial_index_ptr,  # [R, num_splits] int32: first index of the best value
+    logits_row_stride,
+    vocab_size,
+    split_size,  # a multiple of BLOCK_V
+    num_splits,
+    SAMPLING: tl.constexpr,  # this launch handles the sampling rows, else the greedy rows
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    sequence = tl.load(row_sequence_ptr + row)
+    temperature = tl.load(temperature_ptr + sequence, mask=sequence >= 0, other=0.0)
+    if (sequence >= 0) & ((temperature <= 0) != SAMPLING):
+        seed = tl.load(seed_ptr + sequence)
+        position = tl.load(row_pos_ptr + row)
+        floor = tl.load(floor_ptr + row)
+        row_ptr = logits_ptr + row * logits_row_stride
+        offsets = tl.arange(0, BLOCK_V)
+        start = split * split_size
+        end = tl.minimum(start + split_size, vocab_size)
+
+        # m starts at the lowest finite fp32 rather than -inf, so that x - m is never
+        # -inf - -inf: -inf entries get weight exp(-inf) = 0, and a row whose entries are
+        # all -inf ends with s = 0. A NaN entry makes s NaN; a +inf one makes m +inf.
+        run_max = tl.full([], -3.4028234663852886e38, tl.float32)
+        run_sum = tl.full([], 0.0, tl.float32)
+        run_gap = tl.full([], 0.0, tl.float32)  # sum exp(x - m) * (x - m), <= 0
+        best = tl.full([], float("-inf"), tl.float32)  # greedy: max x; sampling: max score
+        best_index = tl.full([], _INDEX_NONE, tl.int32)
+        for block_start in range(start, end, BLOCK_V):
+            index = block_start + offsets
+            x = tl.load(row_ptr + index, mask=index < end, other=float("-inf")).to(tl.float32)
+            block_max = tl.max(x, axis=0)  # NaN entries are ignored by max
+            if block_max > run_max:  # rescale the sums to the new maximum (rare)
+                shift = run_max - block_max
+                scale = tl.exp(shift)
+                run_gap = scale * (run_gap + tl.maximum(shift, -1e30) * run_sum)
+                run_sum = scale * run_sum
+                run_max = block_max
+            gap = x - run_max  # <= 0; -inf for -inf entries
+            weight = tl.exp(gap)
+            run_sum += tl.sum(weight, axis=0)
+            run_gap += tl.sum(weight * tl.maximum(gap, -1e30), axis=0)
+
+            if SAMPLING:
+                # Gumbel-max over the entries that can still win (x >= floor); blocks
+                # without one skip the random numbers
+                if block_max >= floor:
+                    word = _philox_first_word(index.to(tl.uint32), position, seed)
+                    score = tl.math.div_rn(x, temperature) + _gumbel_from_word(word)
+                    score = tl.where((x >= floor) & (score == score), score, _NEG_INF)
+                    block_best = tl.max(score, axis=0)
+                    if block_best > best:  # strictly: an earlier block wins a tie
+                        best_index = tl.min(
+                            tl.where(score == block_best, index, _INDEX_NONE), axis=0
+                        )
+                        best = block_best
+            else:
+                if block_max > best:  # greedy: the first index of the maximum
+                    best_index = tl.min(tl.where(x == block_max, index, _INDEX_NONE), axis=0)
+                    best = block_max
+
+        out = row * num_splits + split
+        tl.store(partial_float_ptr + out * 4, run_max)
+        tl.store(partial_float_ptr + out * 4 + 1, run_sum)
+        tl.store(partial_float_ptr + out * 4 + 2, run_gap)
+        tl.store(partial_float_ptr + out * 4 + 3, best)
+        tl.store(partial_index_ptr + out, best_index)
+
+
+@triton.jit
+def _select_sequences_kernel(
+    cu_rows_ptr,  # [B + 1] int32
+    row_pos_ptr,  # [R] int64
+    threshold_ptr,  # [B] fp32
+    penalty_ptr,  # [B] fp32
+    row_sequence_ptr,  # [R] int32
+    partial_float_ptr,  # [R, num_splits, 4] fp32
+    partial_index_ptr,  # [R, num_splits] int32
+    token_ptr,  # [R] int64 out
+    selected_ptr,  # [R] bool out
+    entropy_ptr,  # [R] fp32 out
+    num_rows,
+    num_splits,
+    BLOCK_ROWS: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # next_power_of_2(num_splits)
+):
+    sequence = tl.program_id(0)
+    first_row = tl.minimum(tl.maximum(tl.load(cu_rows_ptr + sequence), 0), num_rows)
+    end_row = tl.minimum(tl.maximum(tl.load(cu_rows_ptr + sequence + 1), first_row), num_rows)
+    threshold = tl.load(threshold_ptr + sequence)
+    penalty = tl.load(penalty_ptr + sequence)
+    row_offsets = tl.arange(0, BLOCK_ROWS)
+    splits = tl.arange(0, SPLIT_BLOCK)
+
+    # the smallest row_pos of the sequence's valid rows
+    nearest = tl.full([], 2**63 - 1, tl.int64)
+    for block_start in range(first_row, end_row, BLOCK_ROWS):
+        rows = block_start + row_offsets
+        in_range = rows < end_row
+        valid = in_range & (tl.load(row_sequence_ptr + rows, mask=in_range, other=-1) == sequence)
+        position = tl.load(row_pos_ptr + rows, mask=valid, other=2**63 - 1)
+        nearest = tl.minimum(nearest, tl.min(position, axis=0))
+
+    any_passes = tl.full([], 0, tl.int32)
+    best_adjusted = tl.full([], float("inf"), tl.float32)
+    best_row = num_rows  # first row with the smallest non-NaN adjusted entropy
+    first_valid = num_rows
+    for block_start in range(first_row, end_row, BLOCK_ROWS):
+        rows = block_start + row_offsets
+        in_range = rows < end_row
+        valid = in_range & (tl.load(row_sequence_ptr + rows, mask=in_range, other=-1) == sequence)
+        position = tl.load(row_pos_ptr + rows, mask=valid, other=0)
+
+        # merge the vocabulary splits of each row: [BLOCK_ROWS, SPLIT_BLOCK]
+        parts = rows.to(tl.int64)[:, None] * num_splits + splits[None, :]
+        part_mask = valid[:, None] & (splits < num_splits)[None, :]
+        part_max = tl.load(partial_float_ptr + parts * 4, mask=part_mask, other=float("-inf"))
+        part_sum = tl.load(partial_float_ptr + parts * 4 + 1, mask=part_mask, other=0.0)
+        part_gap = tl.load(partial_float_ptr + parts * 4 + 2, mask=part_mask, other=0.0)
+        part_best = tl.load(partial_float_ptr + parts * 4 + 3, mask=part_mask, other=float("-inf"))
+        part_best_index = tl.load(partial_index_ptr + parts, mask=part_mask, other=_INDEX_NONE)
+
+        # s and t of each split are relative to its own m: rescale to the row's maximum
+        row_max = tl.max(part_max, axis=1)
+        part_on = part_max > float("-inf")
+        part_shift = tl.where(part_on, part_max - tl.where(part_on, row_max[:, None], 0.0), 0.0)
+        part_scale = tl.where(part_on, tl.exp(part_shift), 0.0)
+        total = tl.sum(part_sum * part_scale, axis=1)
+        gap_total = tl.sum(part_scale * (part_gap + tl.maximum(part_shift, -1e30) * part_sum),
+                           axis=1)
+        # NaN entries made s NaN, +inf ones m +inf; all -inf leaves s = 0
+        undefined = (total != total) | (total == 0.0) | (row_max == float("inf"))
+        safe_total = tl.where(undefined, 1.0, total)
+        entropy = tl.log(safe_total) - gap_total / safe_total
+        entropy = tl.where(undefined, float("nan"), entropy)  # (a NaN global breaks the JIT cache check)
+        # token: the first index of the best value over the splits (0 if none is above -inf)
+        best = tl.max(part_best, axis=1)
+        token = tl.min(tl.where(part_best == best[:, None], part_best_index, _INDEX_NONE), axis=1)
+        token = tl.where(best > float("-inf"), token, 0)
+        tl.store(token_ptr + rows, token.to(tl.int64), mask=valid)
+        tl.store(entropy_ptr + rows, entropy, mask=valid)
+
+        adjusted = entropy + penalty * (position - nearest).to(tl.float32)
+        passes = valid & (adjusted < threshold)
+        tl.store(selected_ptr + rows, passes, mask=valid)
+        any_passes = tl.maximum(any_passes, tl.max(passes.to(tl.int32), axis=0))
+
+        candidate = valid & (adjusted == adjusted)
+        block_best = tl.min(tl.where(candidate, adjusted, _POS_INF), axis=0)
+        block_best_row = tl.min(
+            tl.where(candidate & (adjusted == block_best), rows, num_rows), axis=0
+        )
+        replace = (block_best_row < num_rows) & ((block_best < best_adjusted) | (best_row == num_rows))
+        best_row = tl.where(replace, block_best_row, best_row)
+        best_adjusted = tl.where(replace, block_best, best_adjusted)
+        first_valid = tl.minimum(first_valid, tl.min(tl.where(valid, rows, num_rows), axis=0))
+
+    # no row passed: select the first row with the smallest non-NaN adjusted entropy, or
+    # the first valid row when every one is NaN
+    tl.debug_barrier()  # the stores above land before the fallback store below
+    choice = tl.where(best_row < num_rows, best_row, first_valid)
+    fallback = (any_passes == 0) & (choice < num_rows)
+    tl.store(selected_ptr + tl.where(fallback, choice, 0), fallback, mask=fallback)
+
+
+@triton.jit
+def _philox_gumbel_debug_kernel(
+    seed_ptr,  # [N] int64
+    position_ptr,  # [N] int64
+    vocab_index_ptr,  # [N] int64
+    word_ptr,  # [N] int64 out: the first Philox output word
+    gumbel_ptr,  # [N] fp32 out: the Gumbel noise of that word
+    count,
+    BLOCK: tl.constexpr,
+):
+    """The random stream of the sampling kernel for explicit (seed, position, v) triples,
+    for tests."""
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = index < count
+    seed = tl.load(seed_ptr + index, mask=mask, other=0)
+    position = tl.load(position_ptr + index, mask=mask, other=0)
+    vocab_index = tl.load(vocab_index_ptr + index, mask=mask, other=0).to(tl.uint32)
+    word = _philox_first_word(vocab_index, position, seed)
+    tl.store(word_ptr + index, word.to(tl.int64), mask=mask)
+    tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
+
+
+@triton.jit
+def _gumbel_debug_kernel(
+    word_ptr,  # [N] int64 holding 32-bit words
+    gumbel_ptr,  # [N] fp32 out
+    count,
+    BLOCK: tl.constexpr,
+):
+    """The Gumbel transform of the sampling kernel for explicit words, for tests."""
+    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = index < count
+    word = tl.load(word_ptr + index, mask=mask, other=0).to(tl.uint32)
+    tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Launcher.
+# ----------------------------------------------------------------------------------------
+
+# Tiles (entries per loop step): the one-pass kernel reads BLOCK_V logits per step on
+# greedy rows and SAMPLING_BLOCK_V on sampling rows (the random numbers of a step need
+# registers for the whole tile); the filter's search passes take FILTER_BLOCK logits times
+# NUM_PIVOTS pivots per step. Compiled for sm_90, both one-pass kernels take ~60 registers
+# per thread (8 warps), so four programs share a multiprocessor.
+_BLOCK_V = 4096
+_SAMPLING_BLOCK_V = 1024
+_FILTER_BLOCK = 1024
+_NUM_PIVOTS = 16
+_FILTER_WARPS = 8
+_PARTIALS_WARPS = 8
+_SEQUENCES_WARPS = 4
+# Vocabulary split: enough programs to fill the GPU (PROGRAMS_PER_SM per multiprocessor)
+# when rows are few, each split covering at least MIN_SPLIT_BLOCKS tiles. The interpreter
+# gets a fixed target (it has no multiprocessors to fill).
+MAX_SPLITS = 128
+_MIN_SPLIT_BLOCKS = 1
+_PROGRAMS_PER_SM = 8
+_INTERPRETER_TARGET_PROGRAMS = 4
+
+
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sequence_block_rows(split_block: int) -> int:
+    """Rows per step of the per-sequence kernel: tiles of at most 1024 partials."""
+    return max(1, min(64, 1024 // split_block))
+
+
+def default_num_splits(num_rows: int, vocab_size: int, device: torch.device) -> int:
+    """How many programs share one row's vocabulary (from the shapes only, no sync)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        target = _PROGRAMS_PER_SM * _multiprocessor_count(index)
+    else:
+        target = _INTERPRETER_TARGET_PROGRAMS
+    most = min(MAX_SPLITS, triton.cdiv(vocab_size, _BLOCK_V * _MIN_SPLIT_BLOCKS))
+    return max(1, min(most, triton.cdiv(target, max(num_rows, 1))))
+
+
+def split_plan(num_rows: int, vocab_size: int, device: torch.device,
+               num_splits: int | None = None) -> tuple[int, int]:
+    """``(num_splits, split_size)``: the vocabulary of a row is cut into ``num_splits``
+    slices of ``split_size`` entries (a multiple of the tile; the last may be shorter).
+    ``num_splits`` defaults to :func:`default_num_splits` and is capped at ``MAX_SPLITS``."""
+    if num_splits is None:
+        num_splits = default_num_splits(num_rows, vocab_size, device)
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS))
+    split_size = triton.cdiv(triton.cdiv(vocab_size, num_splits), _BLOCK_V) * _BLOCK_V
+    return triton.cdiv(vocab_size, split_size), split_size
+
+
+@dataclass
+class SelectWorkspace:
+    """Intermediate tensors of one :func:`select_tokens_into` call (contiguous)."""
+
+    row_sequence: torch.Tensor  # [R] int32: sequence of each row, -1 for padding rows
+    floor: torch.Tensor  # [R] fp32: sampling rows draw from the entries x >= floor
+    partial_float: torch.Tensor  # [R, num_splits, 4] fp32: m, s, t, best value per split
+    partial_index: torch.Tensor  # [R, num_splits] int32: first index of the best value
+
+    @classmethod
+    def empty(cls, num_rows: int, num_splits: int, device: torch.device) -> "SelectWorkspace":
+        return cls(
+            torch.empty(num_rows, dtype=torch.int32, device=device),
+            torch.empty(num_rows, dtype=torch.float32, device=device),
+            torch.empty((num_rows, num_splits, 4), dtype=torch.float32, device=device),
+            torch.empty((num_rows, num_splits), dtype=torch.int32, device=device),
+        )
+
+
+def select_tokens_triton(
+    logits: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+    penalty: torch.Tensor,
+    seed: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton launcher of :func:`select_tokens` (arguments validated by the caller)."""
+    num_rows = logits.shape[0]
+    token = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    selected = torch.empty(num_rows, dtype=torch.bool, device=logits.device)
+    entropy = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
+    select_tokens_into(
+        token, selected, entropy, logits, cu_rows, row_pos, temperature, top_k, top_p,
+        threshold, penalty, seed,
+    )
+    return token, selected, entropy
+
+
+def select_tokens_into(
+    token: torch.Tensor,
+    selected: torch.Tensor,
+    entropy: torch.Tensor,
+    logits: torch.Tensor,
+    cu_rows: torch.Tensor,
+    row_pos: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+    penalty: torch.Tensor,
+    seed: torch.Tensor,
+    num_splits: int | None = None,
+    workspace: SelectWorkspace | None = None,
+) -> None:
+    """The launches of :func:`select_tokens_triton`, writing every element of the given
+    contiguous ``[R]`` outputs. ``num_splits`` overrides the number of vocabulary splits
+    per row (results do not depend on it); ``workspace`` (shaped for the split count of
+    :func:`split_plan`) replaces the intermediate tensors. Tests use both."""
+    num_rows, vocab_size = logits.shape
+    num_sequences = cu_rows.shape[0] - 1
+    device = logits.device
+    if num_rows == 0:
+        return
+    num_splits, split_size = split_plan(num_rows, vocab_size, device, num_splits)
+    if workspace is None:
+        workspace = SelectWorkspace.empty(num_rows, num_splits, device)
+    cu_rows, row_pos = cu_rows.contiguous(), row_pos.contiguous()
+    temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
+    threshold, penalty, seed = threshold.contiguous(), penalty.contiguous(), seed.contiguous()
+
+    _select_filter_kernel[(num_rows,)](
+        logits, cu_rows, row_pos, temperature, top_k, top_p, workspace.row_sequence,
+        workspace.floor, token, selected, entropy, logits.stride(0), vocab_size, num_sequences,
+        (num_sequences + 1).bit_length(),
+        BLOCK=_FILTER_BLOCK, NUM_PIVOTS=_NUM_PIVOTS, num_warps=_FILTER_WARPS,
+    )
+    for sampling in (False, True):  # greedy rows, then sampling rows (each skips the other)
+        _select_partials_kernel[(num_rows, num_splits)](
+            logits, row_pos, temperature, seed, workspace.row_sequence, workspace.floor,
+            workspace.partial_float, workspace.partial_index, logits.stride(0), vocab_size,
+            split_size, num_splits,
+            SAMPLING=sampling, BLOCK_V=_SAMPLING_BLOCK_V if sampling else _BLOCK_V,
+            num_warps=_PARTIALS_WARPS,
+        )
+    if num_sequences > 0:
+        split_block = next_power_of_2(num_splits)
+        _select_sequences_kernel[(num_sequences,)](
+            cu_rows, row_pos, threshold, penalty, workspace.row_sequence,
+            workspace.partial_float, workspace.partial_index, token, selected, entropy,
+            num_rows, num_splits,
+            BLOCK_ROWS=_sequence_block_rows(split_block), SPLIT_BLOCK=split_block,
+            num_warps=_SEQUENCES_WARPS,
+        )
+
+
+_DEBUG_BLOCK = 1024
+
+
+def philox_gumbel_triton(
+    seed: torch.Tensor, position: torch.Tensor, vocab_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling kernel's random stream for ``[N]`` int64 (seed, position, vocabulary
+    index) triples: (first Philox word as int64, Gumbel noise fp32). For tests."""
+    count = seed.shape[0]
+    word = torch.empty(count, dtype=torch.int64, device=seed.device)
+    gumbel = torch.empty(count, dtype=torch.float32, device=seed.device)
+    if count:
+        _philox_gumbel_debug_kernel[(triton.cdiv(count, _DEBUG_BLOCK),)](
+            seed.contiguous(), position.contiguous(), vocab_index.contiguous(), word, gumbel,
+            count, BLOCK=_DEBUG_BLOCK,
+        )
+    return word, gumbel
+
+
+def gumbel_from_bits_triton(words: torch.Tensor) -> torch.Tensor:
+    """The sampling kernel's Gumbel transform of ``[N]`` int64 32-bit words. For tests."""
+    count = words.shape[0]
+    gumbel = torch.empty(count, dtype=torch.float32, device=words.device)
+    if count:
+        _gumbel_debug_kernel[(triton.cdiv(count, _DEBUG_BLOCK),)](
+            words.contiguous(), gumbel, count, BLOCK=_DEBUG_BLOCK
+        )
+    return gumbel
+
+
+# ----------------------------------------------------------------------------------------
+# Kernel variants (compiled for sm_90 by the test suite).
+# ----------------------------------------------------------------------------------------
+
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _filter_variant(dtype: torch.dtype, block: int) -> KernelVariant:
+    signature = {
+        "logits_ptr": POINTER_TYPES[dtype], "cu_rows_ptr": "*i32", "row_pos_ptr": "*i64",
+        "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
+        "row_sequence_ptr": "*i32", "floor_ptr": "*fp32", "token_ptr": "*i64",
+        "selected_ptr": "*i1", "entropy_ptr": "*fp32", "logits_row_stride": "i32",
+        "vocab_size": "i32", "num_sequences": "i32", "search_steps": "i32",
+        "BLOCK": "constexpr", "NUM_PIVOTS": "constexpr",
+    }
+    return KernelVariant(
+        name=f"filter_{_SHORT[dtype]}_block{block}",
+        kernel=_select_filter_kernel,
+        signature=signature,
+        constexprs={"BLOCK": block, "NUM_PIVOTS": _NUM_PIVOTS},
+        num_warps=_FILTER_WARPS,
+    )
+
+
+def _partials_variant(dtype: torch.dtype, block_v: int, sampling: bool) -> KernelVariant:
+    signature = {
+        "logits_ptr": POINTER_TYPES[dtype], "row_pos_ptr": "*i64", "temperature_ptr": "*fp32",
+        "seed_ptr": "*i64", "row_sequence_ptr": "*i32", "floor_ptr": "*fp32",
+        "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32",
+        "logits_row_stride": "i32", "vocab_size": "i32", "split_size": "i32",
+        "num_splits": "i32", "SAMPLING": "constexpr", "BLOCK_V": "constexpr",
+    }
+    return KernelVariant(
+        name=f"partials_{'sampling' if sampling else 'greedy'}_{_SHORT[dtype]}_block{block_v}",
+        kernel=_select_partials_kernel,
+        signature=signature,
+        constexprs={"SAMPLING": sampling, "BLOCK_V": block_v},
+        num_warps=_PARTIALS_WARPS,
+    )
+
+
+def _sequences_variant(split_block: int) -> KernelVariant:
+    signature = {
+        "cu_rows_ptr": "*i32", "row_pos_ptr": "*i64", "threshold_ptr": "*fp32", "penalty_ptr": "*fp32", "row_sequence_ptr": "*i32",
+        "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32", "token_ptr": "*i64",
+        "selected_ptr": "*i1", "entropy_ptr": "*fp32", "num_rows": "i32", "num_splits": "i32",
+        "BLOCK_ROWS": "constexpr", "SPLIT_BLOCK": "constexpr",
+    }
+    return KernelVariant(
+        name=f"sequences_splits{split_block}",
+        kernel=_select_sequences_kernel,
+        signature=signature,
+        constexprs={"BLOCK_ROWS": _sequence_block_rows(split_block), "SPLIT_BLOCK": split_block},
+        num_warps=_SEQUENCES_WARPS,
+    )
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """Every specialisation :func:`select_tokens_into` produces: the filter kernel and the
+    two one-pass kernels (greedy and sampling rows) per logits dtype, the per-sequence kernel
+    per power-of-two split count up to ``MAX_SPLITS``, and the two test kernels of the
+    random stream."""
+    variants = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        variants.append(_filter_variant(dtype, _FILTER_BLOCK))
+        variants.append(_partials_variant(dtype, _BLOCK_V, sampling=False))
+        variants.append(_partials_variant(dtype, _SAMPLING_BLOCK_V, sampling=True))
+    split_block = 1
+    while split_block <= MAX_SPLITS:
+        variants.append(_sequences_variant(split_block))
+        split_block *= 2
+    variants.append(KernelVariant(
+        name="philox_gumbel_debug",
+        kernel=_philox_gumbel_debug_kernel,
+        signature={"seed_ptr": "*i64", "position_ptr": "*i64", "vocab_index_ptr": "*i64",
+                   "word_ptr": "*i64", "gumbel_ptr": "*fp32", "count": "i32",
+                   "BLOCK": "constexpr"},
+        constexprs={"BLOCK": _DEBUG_BLOCK},
+    ))
+    variants.append(KernelVariant(
+        name="gumbel_debug",
+        kernel=_gumbel_debug_kernel,
+        signature={"word_ptr": "*i64", "gumbel_ptr": "*fp32", "count": "i32",
+                   "BLOCK": "constexpr"},
+        constexprs={"BLOCK": _DEBUG_BLOCK},
+    ))
+    return variants

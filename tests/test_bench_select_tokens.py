@@ -1,0 +1,157 @@
+"""Smoke tests of ``bench.select_tokens`` (its CPU code path).
+
+The GPU figures can only be produced on a GPU; these tests pin what can be checked without
+one: the no-GPU exit, the report plumbing (bytes model, GB/s, fractions, speed-ups, the
+Triton-vs-PyTorch check), the batch layout, and that the engine-sampler baseline computes
+what the engine computes (entropy, greedy tokens, threshold selection with its fallback).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import common
+from bench import select_tokens as bench
+from wedlm_kernels.ops.select import select_tokens_torch
+
+REPO = Path(__file__).resolve().parent.parent
+# Triton's interpreter converts 1-element arrays to ints (loop bounds that are tensors)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("smoke")
+    status = bench.main(["--cpu-smoke", "--out-dir", str(out_dir)])
+    report = json.loads((out_dir / "select_tokens.json").read_text())
+    markdown = (out_dir / "select_tokens.md").read_text()
+    return status, report, markdown, out_dir
+
+
+def test_default_mode_without_gpu_says_so_exits_0_and_writes_nothing(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.select_tokens", "--out-dir", str(tmp_path / "out")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == common.NO_GPU_MESSAGE
+    assert not (tmp_path / "out").exists()
+
+
+def test_cpu_smoke_times_every_case_of_both_parameter_sets(smoke):
+    status, report, markdown, out_dir = smoke
+    assert status == 0, bench.failures(report)
+    assert report["mode"] == "cpu-smoke" and report["complete"]
+    assert report["command"] == f"python -m bench.select_tokens --cpu-smoke --out-dir {out_dir}"
+    assert set(report["parameters"]) == {"greedy", "sampling"}
+    for result in report["parameters"].values():
+        assert [c["params"]["rows"] for c in result["cases"]] == list(bench.SMOKE.rows)
+        for case in result["cases"]:
+            assert set(case["timings"]) == {"torch", "engine"}  # no Triton without --interpret
+            for timing in case["timings"].values():
+                assert timing["cpu"]["samples"] >= 3 and timing["cpu"]["median_us"] > 0
+            assert case["speedup"] == {} and case["check"] == {}
+    assert markdown.count("| rows | B × rows |") == 2
+    assert "CPU smoke run" in markdown
+
+
+def test_cpu_smoke_derived_figures_follow_from_the_medians(smoke):
+    _, report, _, _ = smoke
+    copy = report["copy_bandwidth"]
+    assert copy["gb_per_s"] == pytest.approx(
+        copy["bytes_read_plus_written"] / (copy["timing"]["median_us"] * 1e3))
+    vocab = report["shapes"]["vocab"]
+    for result in report["parameters"].values():
+        for case in result["cases"]:
+            rows = case["params"]["rows"]
+            assert case["bytes"]["total"] == rows * vocab * 4 + rows * 13  # fp32 smoke logits
+            for impl, timing in case["timings"].items():
+                rate = case["bytes"]["total"] / (timing["cpu"]["median_us"] * 1e3)
+                assert case["gb_per_s"][impl]["cpu"] == pytest.approx(rate)
+                assert case["fraction_of_copy_bandwidth"][impl]["cpu"] == pytest.approx(
+                    rate / copy["gb_per_s"])
+
+
+def test_case_with_the_triton_launcher_checks_it_and_reports_speedups():
+    sizes = replace(bench.SMOKE, vocab=40)
+    launchers = bench.load_launchers(with_triton=True)  # Triton's interpreter without a GPU
+    timer = common.Timer(torch.device("cpu"), quick=True)
+    for params in bench.PARAMS:
+        case = bench.run_case(sizes, params, 2, launchers, timer, seed=3)
+        bench.add_derived(case, 10.0)
+        assert case["check"]["triton_vs_torch"]["ok"], case["check"]
+        assert set(case["speedup"]) == {"triton_over_torch", "triton_over_engine"}
+        for name, speedup in case["speedup"].items():
+            baseline = name.removeprefix("triton_over_")
+            assert speedup["cpu"] == pytest.approx(
+                case["timings"][baseline]["cpu"]["median_us"]
+                / case["timings"]["triton"]["cpu"]["median_us"])
+
+
+def test_failures_lists_mismatches_and_errors():
+    report = {"parameters": {"greedy": {"cases": [{
+        "params": {"rows": 4}, "timings": {"torch": {"eager": {"error": "boom"}}},
+        "check": {"triton_vs_torch": {"ok": False}}}], "case_errors": ["R=16: failed"]}}}
+    problems = bench.failures(report)
+    assert len(problems) == 3 and any("boom" in p for p in problems)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 16, 64])
+def test_inputs_are_decode_steps_of_up_to_16_mask_rows_per_sequence(num_rows):
+    args = bench.make_inputs(bench.SMOKE, bench.PARAMS[1], num_rows, torch.device("cpu"), 0)
+    logits, cu_rows, row_pos = args[:3]
+    per_sequence = min(bench.SMOKE.rows_per_sequence, num_rows)
+    assert logits.shape == (num_rows, bench.SMOKE.vocab)
+    assert cu_rows.tolist() == [*range(0, num_rows, per_sequence), num_rows]
+    for start, end in zip(cu_rows.tolist(), cu_rows.tolist()[1:]):
+        assert row_pos[start:end].tolist() == list(range(row_pos[start], row_pos[start] + end
+                                                         - start))
+    assert all(a.shape == (len(cu_rows) - 1,) for a in args[3:])
+
+
+def _batch(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed):
+    f32 = torch.float32
+    return (logits, torch.tensor(cu_rows, dtype=torch.int32), torch.tensor(row_pos),
+            torch.tensor(temperature, dtype=f32), torch.tensor(top_k, dtype=torch.int32),
+            torch.tensor(top_p, dtype=f32), torch.tensor(threshold, dtype=f32),
+            torch.tensor(penalty, dtype=f32), torch.tensor(seed))
+
+
+def test_engine_sampler_selects_and_decodes_greedy_rows_like_the_contract():
+    """fp32 logits, greedy: entropy, tokens of the selected rows and the selection (with the
+    argmin fallback) equal select_tokens_torch; thresholds sit between adjusted entropies."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(9, 300, generator=g) * torch.tensor([0.5, 3, 6]).repeat(3)[:, None]
+    cu_rows, row_pos = [0, 4, 9], [10, 11, 12, 13, 50, 51, 52, 53, 54]
+    base = _batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], [0.0, 0.0],
+                  [0.02, 0.1], [0, 0])
+    entropy = select_tokens_torch(*base)[2]
+    thresholds = [float(entropy[:4].sort().values[1:3].mean()), -math.inf]
+    args = _batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], thresholds,
+                  [0.02, 0.1], [0, 0])
+    token, selected, entropy = bench.engine_sampler(*args)
+    torch_token, torch_selected, torch_entropy = select_tokens_torch(*args)
+    torch.testing.assert_close(entropy, torch_entropy, rtol=1e-5, atol=1e-5)
+    assert selected.tolist() == torch_selected.tolist()
+    assert 1 <= int(selected[:4].sum()) <= 3 and int(selected[4:].sum()) == 1
+    assert token[selected].tolist() == torch_token[selected].tolist()
+
+
+def test_engine_sampler_draws_sampled_rows_inside_top_k():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(8, 200, generator=g) * 3
+    args = _batch(logits, [0, 8], list(range(8)), [1.0], [5], [0.95], [math.inf], [0.0], [0])
+    token, selected, _ = bench.engine_sampler(*args)
+    assert selected.all()
+    top5 = logits.topk(5, dim=1).indices
+    assert all(int(t) in top5[r].tolist() for r, t in enumerate(token))

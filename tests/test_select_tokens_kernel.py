@@ -1,0 +1,797 @@
+"""The Triton kernels of select_tokens, called through their launcher (Triton's interpreter
+when there is no GPU), against reference/select.py, reference/philox.py and the PyTorch
+implementation. Outputs and every intermediate tensor sit between guard bands, and outputs
+start out as garbage so that an element the kernels skip shows. GPU-only checks (bf16, a
+batch of more than 2^31 logits, CUDA graphs) are marked ``cuda``.
+
+Interpreter programs cost milliseconds each, so the shapes are small (a few rows, V <= 3000
+in the random tests) apart from a handful of single-row cases at real vocabulary sizes.
+"""
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference import philox
+from reference import select as ref
+from tests.kernel_harness import guarded
+from wedlm_kernels.ops import select as select_ops
+from wedlm_kernels.ops._triton import POINTER_TYPES
+from wedlm_kernels.ops.select import (
+    MAX_SPLITS,
+    SelectWorkspace,
+    gumbel_from_bits_triton,
+    kernel_variants,
+    philox_gumbel_triton,
+    select_tokens_into,
+    select_tokens_torch,
+    select_tokens_triton,
+    split_plan,
+)
+
+# Triton's interpreter converts 1-element arrays to ints (loop bounds that are tensors),
+# takes maxima with numpy's nanmax (which warns on a tile of NaN logits) and lets numpy warn
+# about the inf - inf of rows holding +inf (their entropy is NaN by the contract)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+ON_GPU = torch.cuda.is_available()
+# where the kernels run, as the `kernel_device` fixture (hypothesis tests cannot take
+# function-scoped fixtures): the GPU, else Triton's interpreter on the CPU
+DEVICE = "cuda" if ON_GPU else "cpu"
+# fp32 -> bf16 casts truncate in the interpreter: bf16 logits only on the GPU
+DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
+INF = float("inf")
+NAN = float("nan")
+# hypothesis examples of the costlier interpreter tests (a third of the profile's)
+EXAMPLES = max(6, settings.default.max_examples // 3)
+
+# Entropy tolerance (fp32 kernel vs float64 reference, and vs the fp32 PyTorch
+# implementation). The kernel sums exp(x - m) and exp(x - m) * (x - m) in fp32: per lane
+# over V / BLOCK_V <= 8 terms, each rescaled when its lane's maximum grows (one rounding per
+# rescale), then across lanes and splits by trees; the relative error of each sum is about
+# (8 + log2(V)) * 2^-24 ~ 1.2e-6, and log(s) adds ~1e-7 absolute (more with the GPU's
+# approximate exp, ~2 ulp per term). H = log(s) - t / s is a sum of two non-negative terms,
+# so rtol 1e-5 and atol 5e-6 leave a margin of about 5x.
+ENTROPY_RTOL = 1e-5
+ENTROPY_ATOL = 5e-6
+# Adjusted entropies closer than this to a threshold (or to each other) are not decidable
+# at fp32 precision; the random tests keep their thresholds away from them.
+DECISION_MARGIN = 1e-4
+# Top-p decisions: the kernel and the PyTorch implementation sum probability mass in fp32
+# (error ~1e-6 of the total), the reference in float64.
+TOP_P_MARGIN = 1e-4
+# Gumbel noise: two fp32 logs of exact inputs, a few ulps of |g| <= 17.4.
+GUMBEL_TOLERANCE = dict(rtol=1e-6, atol=1e-6)
+
+
+def f32(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def i64(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def batch(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed):
+    """Argument tuple in the op's order (CPU tensors) from plain Python values."""
+    if not isinstance(logits, torch.Tensor):
+        logits = torch.tensor(logits, dtype=torch.float32)
+    return (
+        logits, i32(*cu_rows), i64(*row_pos), f32(*temperature), i32(*top_k), f32(*top_p),
+        f32(*threshold), f32(*penalty), i64(*seed),
+    )
+
+
+def one_sequence(logits, row_pos, temperature=0.0, top_k=0, top_p=1.0, threshold=-INF,
+                 penalty=0.0, seed=0):
+    logits = torch.tensor(logits, dtype=torch.float32)
+    return batch(logits, [0, logits.shape[0]], row_pos, [temperature], [top_k], [top_p],
+                 [threshold], [penalty], [seed])
+
+
+def run_kernel(args, num_splits=None):
+    """The launcher on DEVICE with outputs and workspace between guard bands; the outputs
+    start as garbage. Returns (token, selected, entropy, workspace) on the CPU."""
+    args = tuple(a.to(DEVICE) for a in args)
+    num_rows, vocab_size = args[0].shape
+    garbage = (
+        torch.full((num_rows,), 424242, dtype=torch.int64),
+        torch.ones(num_rows, dtype=torch.bool),
+        torch.full((num_rows,), -7.25, dtype=torch.float32),
+    )
+    outputs = [guarded(g.to(DEVICE)) for g in garbage]
+    splits, _ = split_plan(num_rows, vocab_size, torch.device(DEVICE), num_splits)
+    empty = SelectWorkspace.empty(num_rows, splits, torch.device(DEVICE))
+    parts = {name: guarded(getattr(empty, name).fill_(0))
+             for name in ("row_sequence", "floor", "partial_float", "partial_index")}
+    workspace = SelectWorkspace(**{name: g.tensor for name, g in parts.items()})
+    select_tokens_into(*(o.tensor for o in outputs), *args, num_splits=num_splits,
+                       workspace=workspace)
+    for name, g in zip(("token", "selected", "entropy"), outputs):
+        g.check(name)
+    for name, g in parts.items():
+        g.check(name)
+    token, selected, entropy = (o.tensor.cpu() for o in outputs)
+    return token, selected, entropy, workspace
+
+
+def _gumbel_near_tie(logits_row, temperature, seed, position, token_a, token_b):
+    """Whether the float64 scores ``x / T + g`` of two tokens are equal at fp32 precision."""
+    noise = philox.gumbel(seed, position, logits_row.shape[0])
+    x = logits_row.double()
+    score_a = float(x[token_a]) / temperature + float(noise[token_a])
+    score_b = float(x[token_b]) / temperature + float(noise[token_b])
+    return abs(score_a - score_b) <= 1e-5 * (1 + max(abs(score_a), abs(score_b)))
+
+
+def _assert_same_token(actual, expected, logits_row, temperature, top_k, top_p, seed,
+                       position):
+    """Tokens are equal, or differ only by fp32 rounding of a sampled row: a near-tie of the
+    two Gumbel scores, or a token whose top-p mass is within TOP_P_MARGIN of top_p."""
+    if actual == expected:
+        return
+    context = (position, actual, expected)
+    assert position >= 0 and temperature > 0, context
+    wider = ref.kept_tokens(logits_row, top_k, top_p + TOP_P_MARGIN)
+    narrower = (wider if top_p >= 1
+                else ref.kept_tokens(logits_row, top_k, top_p - TOP_P_MARGIN))
+    assert wider[actual], context
+    top_p_boundary = not (narrower[actual] and narrower[expected])
+    near_tie = _gumbel_near_tie(logits_row, temperature, seed, position, actual, expected)
+    assert top_p_boundary or near_tie, context
+
+
+def _random_logits(data, g, rows, vocab):
+    kind = data.draw(st.sampled_from(["normal", "ties", "peaked", "special"]), label="kind")
+    if kind == "ties":  # few distinct values: pins first-index and tie-keeping rules
+        return torch.randint(-3, 3, (rows, vocab), generator=g).float()
+    scale = data.draw(st.floats(0.3, 8.0), label="scale")
+    logits = torch.randn(rows, vocab, generator=g) * scale
+    if kind == "peaked" and rows:
+        peak = torch.randint(0, vocab, (rows,), generator=g)
+        logits[torch.arange(rows), peak] += 15.0
+    if kind == "special" and rows:
+        logits[torch.rand(rows, vocab, generator=g) < 0.3] = -INF
+        special_row = int(torch.randint(0, rows, (1,), generator=g))
+        value = data.draw(st.sampled_from([NAN, INF, -INF]), label="special value")
+        if data.draw(st.booleans(), label="whole row"):
+            logits[special_row] = value
+        else:
+            logits[special_row, int(torch.randint(0, vocab, (1,), generator=g))] = value
+    return logits
+
+
+def _choose_thresholds(data, logits, cu_rows, row_pos, penalty):
+    """Per sequence: -inf, below all adjusted entropies (fallback), between two of them
+    (away from both) or above all, from the reference entropies."""
+    thresholds = []
+    for b in range(len(cu_rows) - 1):
+        rows = [r for r in range(cu_rows[b], cu_rows[b + 1]) if row_pos[r] >= 0]
+        adjusted = []
+        if rows:
+            nearest = min(row_pos[r] for r in rows)
+            adjusted = [ref.row_entropy(logits[r]) + penalty[b] * (row_pos[r] - nearest)
+                        for r in rows]
+        values = sorted(a for a in adjusted if not math.isnan(a))
+        choices = [-INF]
+        if values:
+            choices += [values[0] - 0.5, values[-1] + 0.5]
+            choices += [(lo + hi) / 2 for lo, hi in zip(values, values[1:])
+                        if hi - lo > 4 * DECISION_MARGIN * (1 + abs(hi))]
+        thresholds.append(data.draw(st.sampled_from(choices), label=f"threshold {b}"))
+    return thresholds
+
+
+def _assert_selection(selected, expected_entropy, expected_selected, cu_rows, row_pos,
+                      threshold, penalty):
+    """The selection of every sequence equals the expected one where it is decidable at
+    fp32 precision (thresholds are kept away from the adjusted entropies; fallback ties
+    closer than DECISION_MARGIN may pick either row)."""
+    for b in range(len(cu_rows) - 1):
+        rows = list(range(cu_rows[b], cu_rows[b + 1]))
+        valid = [r for r in rows if row_pos[r] >= 0]
+        if not valid:
+            assert not selected[rows].any(), b
+            continue
+        nearest = min(row_pos[r] for r in valid)
+        adjusted = {r: float(expected_entropy[r]) + penalty[b] * (row_pos[r] - nearest)
+                    for r in valid}
+        if any(a < threshold[b] for a in adjusted.values()):
+            assert selected[rows].tolist() == expected_selected[rows].tolist(), b
+            continue
+        finite = [a for a in adjusted.values() if not math.isnan(a)]
+        if finite:
+            smallest = min(finite)
+            tied = {r for r, a in adjusted.items()
+                    if abs(a - smallest) <= DECISION_MARGIN * (1 + abs(smallest))}
+        else:
+            tied = {valid[0]}
+        chosen = {r for r in rows if selected[r]}
+        assert len(chosen) == 1 and chosen <= tied, (b, chosen, tied)
+        if len(tied) == 1:
+            assert selected[rows].tolist() == expected_selected[rows].tolist(), b
+
+
+def _draw_batch(data, g, vocab, max_rows_per_sequence=3):
+    num_seqs = data.draw(st.integers(0, 3), label="B")
+    seq_lens = [data.draw(st.integers(0, max_rows_per_sequence)) for _ in range(num_seqs)]
+    leading, trailing = data.draw(st.integers(0, 1)), data.draw(st.integers(0, 1))
+    num_rows = leading + sum(seq_lens) + trailing
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    logits = _random_logits(data, g, num_rows, vocab).to(dtype)
+    cu_rows = [leading]
+    for length in seq_lens:
+        cu_rows.append(cu_rows[-1] + length)
+    row_pos = [5] * num_rows  # rows outside the sequences are padding whatever row_pos says
+    for b, length in enumerate(seq_lens):
+        context = data.draw(st.sampled_from([0, 17, 2**32 - 2, 2**40 + 5]))
+        slots = torch.randperm(length + 2, generator=g)[:length].tolist()  # any row order
+        for j, slot in enumerate(slots):
+            row_pos[cu_rows[b] + j] = context + slot
+        if length and data.draw(st.booleans(), label="padding row"):
+            row_pos[cu_rows[b] + data.draw(st.integers(0, length - 1))] = -1
+    temperature = [data.draw(st.sampled_from([0.0, -1.0, 1.0, 0.35, 0.05, 1.7]))
+                   for _ in seq_lens]
+    top_k = [data.draw(st.sampled_from([0, -1, 1, 2, 5, vocab, vocab + 3, max(1, vocab // 3)]))
+             for _ in seq_lens]
+    top_p = [data.draw(st.sampled_from([1.0, 1.5, 0.0, 1e-3, 0.3, 0.9])) for _ in seq_lens]
+    penalty = [data.draw(st.sampled_from([0.0, 0.02, 0.37])) for _ in seq_lens]
+    seed = [data.draw(st.integers(-(2**63), 2**63 - 1)) for _ in seq_lens]
+    threshold = _choose_thresholds(data, logits, cu_rows, row_pos, penalty)
+    params = (cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed)
+    return batch(logits, *params), params
+
+
+# ----------------------------------------------------------------------------------------
+# Random batches against the reference and the PyTorch implementation
+# ----------------------------------------------------------------------------------------
+
+
+@settings(max_examples=EXAMPLES)
+@given(data=st.data())
+def test_kernel_matches_reference_and_pytorch_on_random_batches(data):
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**63 - 1), label="seed"))
+    vocab = data.draw(st.one_of(st.integers(1, 40), st.sampled_from([7, 257, 1000, 3000])),
+                      label="V")
+    args, params = _draw_batch(data, g, vocab)
+    cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed = params
+    num_splits = data.draw(st.sampled_from([None, 1, 2, 3]), label="num_splits")
+
+    token, selected, entropy, _ = run_kernel(args, num_splits)
+    torch_token, torch_selected, torch_entropy = select_tokens_torch(*args)
+    ref_token, ref_selected, ref_entropy = ref.select_tokens(*args)
+
+    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=ENTROPY_RTOL,
+                               atol=ENTROPY_ATOL, equal_nan=True)
+    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL,
+                               equal_nan=True)
+    logits = args[0]
+    for b in range(len(cu_rows) - 1):
+        for r in range(cu_rows[b], cu_rows[b + 1]):
+            for expected in (int(ref_token[r]), int(torch_token[r])):
+                _assert_same_token(int(token[r]), expected, logits[r], temperature[b],
+                                   top_k[b], top_p[b], seed[b], row_pos[r])
+            if row_pos[r] >= 0 and not temperature[b] > 0:  # greedy: exactly equal
+                assert int(token[r]) == int(torch_token[r]) == int(ref_token[r]), r
+    _assert_selection(selected, ref_entropy, ref_selected, cu_rows, row_pos, threshold,
+                      penalty)
+    _assert_selection(selected, ref_entropy, torch_selected, cu_rows, row_pos, threshold,
+                      penalty)
+    padding = [r for r in range(len(row_pos)) if row_pos[r] < 0 or not any(
+        cu_rows[b] <= r < cu_rows[b + 1] for b in range(len(cu_rows) - 1))]
+    for r in padding:
+        assert token[r] == 0 and not selected[r] and entropy[r] == 0, r
+
+
+@settings(max_examples=max(4, EXAMPLES // 2))
+@given(data=st.data())
+def test_vocabulary_split_changes_no_token_or_selection(data):
+    """One batch, the vocabulary cut into 1, 2, 3 and the default number of slices (slices
+    are whole 4096-entry tiles, so V > 8192 gives three real slices). Argmax ties
+    resolve to the first index and the noise is stateless, so tokens are identical; the
+    entropy sums run in another order, so it agrees to fp32 rounding."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**63 - 1), label="seed"))
+    vocab = data.draw(st.sampled_from([8193, 9000, 12288]), label="V")
+    args, params = _draw_batch(data, g, vocab, max_rows_per_sequence=2)
+    cu_rows, row_pos, _, _, _, threshold, penalty, _ = params
+    results = [run_kernel(args, num_splits) for num_splits in (1, 2, 3, None)]
+    token, selected, entropy, _ = results[0]
+    for other_token, other_selected, other_entropy, _ in results[1:]:
+        assert torch.equal(other_token, token)
+        torch.testing.assert_close(other_entropy, entropy, rtol=2e-6, atol=1e-6,
+                                   equal_nan=True)
+        _assert_selection(other_selected, entropy.double(), selected, cu_rows, row_pos,
+                          threshold, penalty)
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    case_seed=st.integers(0, 2**63 - 1),
+    vocab=st.integers(2, 600),
+    top_k=st.integers(0, 12),
+    top_p=st.sampled_from([1.0, 0.95, 0.6, 0.2, 0.01, 0.0]),
+    kind=st.sampled_from(["normal", "ties", "signed zeros", "minus inf"]),
+)
+def test_sampling_floor_is_exactly_the_top_k_and_top_p_cutoff(case_seed, vocab, top_k, top_p,
+                                                            kind):
+    """At a huge temperature the floor of a sampling row is max(k-th largest value, top-p
+    cutoff); the entries at or above it must be exactly the reference's kept set (ties, -0.0
+    next to +0.0 and -inf entries included), up to top-p decisions within TOP_P_MARGIN."""
+    g = torch.Generator().manual_seed(case_seed)
+    if kind == "ties":
+        row = torch.randint(-4, 4, (vocab,), generator=g).float()
+    elif kind == "signed zeros":
+        row = torch.randint(-1, 2, (vocab,), generator=g).float() * 0.0  # -0.0, 0.0, +0.0
+        row[torch.rand(vocab, generator=g) < 0.3] = 1.0
+    else:
+        row = torch.randn(vocab, generator=g) * 3
+        if kind == "minus inf":
+            row[torch.rand(vocab, generator=g) < 0.5] = -INF
+    args = one_sequence([row.tolist()], [3], temperature=1e4, top_k=top_k, top_p=top_p,
+                        seed=case_seed)
+    _, _, _, workspace = run_kernel(args)
+    floor = float(workspace.floor[0])
+    kept = [v >= floor for v in row.tolist()]
+    expected = ref.kept_tokens(row, top_k, top_p)
+    if kept != expected:
+        wider = ref.kept_tokens(row, top_k, min(top_p + TOP_P_MARGIN, 1.0))
+        narrower = ref.kept_tokens(row, top_k, top_p - TOP_P_MARGIN)
+        assert all(n <= k <= w for n, k, w in zip(narrower, kept, wider)), floor
+
+
+# ----------------------------------------------------------------------------------------
+# The random stream
+# ----------------------------------------------------------------------------------------
+
+
+def test_philox_stream_at_zero_is_the_random123_known_answer():
+    zero = i64(0).to(DEVICE)
+    word, _ = philox_gumbel_triton(zero, zero, zero)
+    assert int(word[0]) == 0x6627E8D5  # Random123 kat_vectors: philox4x32_10, all zeros
+
+
+@given(
+    seeds=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=6),
+    positions=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=6),
+)
+def test_philox_words_and_gumbel_noise_equal_the_reference_stream(seeds, positions):
+    triples = [(s, p, v) for s in seeds for p in positions
+               for v in (0, 1, 151935, 2**31 - 1, *range(7, 40, 5))]
+    seed, position, vocab_index = (i64(*column) for column in zip(*triples))
+    word, gumbel = philox_gumbel_triton(seed.to(DEVICE), position.to(DEVICE),
+                                        vocab_index.to(DEVICE))
+    expected_words = [int(philox.philox_first_word(s, p, np.array([v]))[0])
+                      for s, p, v in triples]
+    assert word.cpu().tolist() == expected_words
+    expected_gumbel = philox.gumbel_from_word(np.array(expected_words, dtype=np.uint64))
+    torch.testing.assert_close(gumbel.cpu().double(), torch.from_numpy(expected_gumbel),
+                               **GUMBEL_TOLERANCE)
+
+
+def test_gumbel_transform_matches_float64_and_pytorch_including_the_extreme_words():
+    # A naive fp32 u rounds the largest one to 1.0 and gives g = +inf.
+    edge_words = [0, 1, 255, 256, 2**31 - 256, 2**31 - 1, 2**31, 2**31 + 256,
+                  2**32 - 512, 2**32 - 257, 2**32 - 256, 2**32 - 1]
+    words = torch.tensor(edge_words + torch.randint(0, 2**32, (3000,)).tolist())
+    actual = gumbel_from_bits_triton(words.to(DEVICE)).cpu()
+    expected = philox.gumbel_from_word(words.numpy().astype(np.uint64))
+    assert torch.isfinite(actual).all()
+    torch.testing.assert_close(actual.double(), torch.from_numpy(expected), **GUMBEL_TOLERANCE)
+    torch.testing.assert_close(actual, select_ops.gumbel_from_bits(words), **GUMBEL_TOLERANCE)
+
+
+def chi2_bound(df: int, false_failure: float) -> float:
+    """x with P(chi2_df > x) <= false_failure. Exact for even df (closed-form survival
+    function); odd df use df + 1, which is stochastically larger, so the bound is safe."""
+    df += df % 2
+
+    def survival(x):
+        return math.exp(-x / 2) * sum((x / 2) ** i / math.factorial(i) for i in range(df // 2))
+
+    low, high = 0.0, 1000.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if survival(mid) > false_failure else (low, mid)
+    return high
+
+
+def test_gumbel_max_over_the_kernel_noise_follows_the_softmax():
+    """The kernel's noise for 6 tokens at 4000 (seed, position) pairs: argmax of x / T + g is
+    distributed as softmax(x / T) (the Gumbel-max property needs independent, exactly
+    Gumbel-distributed noise, so this checks the stream and the transform together)."""
+    row = torch.tensor([0.5, -0.3, 1.2, 0.0, -2.0, 0.9], dtype=torch.float64)
+    temperature, count = 1.6, 4000
+    seeds = torch.randint(-(2**63), 2**63 - 1, (count,))
+    positions = torch.randint(0, 2**40, (count,))
+    vocab = torch.arange(6).repeat(count)
+    _, noise = philox_gumbel_triton(seeds.repeat_interleave(6).to(DEVICE),
+                                    positions.repeat_interleave(6).to(DEVICE),
+                                    vocab.to(DEVICE))
+    token = torch.argmax(row / temperature + noise.cpu().double().view(count, 6), dim=1)
+    observed = torch.bincount(token, minlength=6).double()
+    weights = torch.exp(row / temperature)
+    expected = count * weights / weights.sum()
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < chi2_bound(df=5, false_failure=1e-7), (observed, expected)
+
+
+def _assert_follows_filtered_softmax(row, temperature, top_k, top_p, count, kept_count):
+    """``count`` rows of one logit row in sequences of 20 rows, each sequence with its own
+    random seed and each row at its own random position (the noise of distinct (seed,
+    position) pairs is independent): no token outside the first ``kept_count`` entries (the
+    kept set), and the frequencies follow softmax(x / T) over them."""
+    num_seqs = count // 20
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_seqs,)).tolist()
+    positions = torch.randperm(2**20)[:count] + 2**33
+    args = batch([row] * count, list(range(0, count + 1, 20)), positions.tolist(),
+                 [temperature] * num_seqs, [top_k] * num_seqs, [top_p] * num_seqs,
+                 [INF] * num_seqs, [0.0] * num_seqs, seeds)
+    token, _, _, _ = run_kernel(args)
+    observed = torch.bincount(token, minlength=len(row)).double()
+    assert observed[kept_count:].sum() == 0  # nothing outside the kept set
+    weights = torch.tensor([math.exp(v / temperature) for v in row[:kept_count]],
+                           dtype=torch.float64)
+    expected = count * weights / weights.sum()
+    chi2 = float(((observed[:kept_count] - expected) ** 2 / expected).sum())
+    assert chi2 < chi2_bound(df=kept_count - 1, false_failure=1e-7), (observed, expected)
+
+
+def test_sampled_tokens_follow_the_filtered_softmax_and_stay_in_the_kept_set():
+    """Through the kernels, 100 rows (a coarse check: interpreter programs are slow; the
+    GPU version below draws 20000). Top-k 3 keeps {0, 1, 2} (the tie at 1.5 included);
+    NaN and -inf entries are never drawn."""
+    _assert_follows_filtered_softmax([2.0, 1.5, 1.5, 0.3, NAN, -INF, 0.8], temperature=0.7,
+                                     top_k=3, top_p=1.0, count=100, kept_count=3)
+
+
+@pytest.mark.cuda
+def test_sampled_tokens_follow_the_filtered_softmax_on_gpu():
+    # top-k 4 keeps {0, 1, 2, 3}; over those, top-p 0.5 keeps the tokens with less than
+    # half of the (untempered) mass strictly above them: 2.0, then the tie at 1.5
+    _assert_follows_filtered_softmax([2.0, 1.5, 1.5, 0.8, 0.3, -1.0, NAN], temperature=0.7,
+                                     top_k=4, top_p=0.5, count=20000, kept_count=3)
+
+
+# ----------------------------------------------------------------------------------------
+# Edge cases of docs/contracts.md
+# ----------------------------------------------------------------------------------------
+
+
+def _assert_matches_reference(args, num_splits=None):
+    """Entropy and selection equal the reference's, tokens the reference's and the PyTorch
+    implementation's (the reference treats a NaN temperature as greedy, the contract and the
+    PyTorch implementation as sampling with NaN scores: token 0; the kernel follows the
+    contract)."""
+    token, selected, entropy, _ = run_kernel(args, num_splits)
+    ref_token, ref_selected, ref_entropy = ref.select_tokens(*args)
+    torch_token, _, _ = select_tokens_torch(*args)
+    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=ENTROPY_RTOL,
+                               atol=ENTROPY_ATOL, equal_nan=True)
+    assert token.tolist() == torch_token.tolist()
+    if not torch.isnan(args[3]).any():
+        assert token.tolist() == ref_token.tolist()
+    assert selected.tolist() == ref_selected.tolist()
+    return token, selected, entropy
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 2, 1.0), (0.8, 0, 0.5), (NAN, 0, 1.0), (INF, 2, 0.9),
+])
+def test_nan_inf_and_all_minus_inf_rows(temperature, top_k, top_p):
+    logits = [
+        [0.0, NAN, 1.0, 1.0],       # NaN: entropy NaN, NaN counts as -inf for the token
+        [0.0, INF, 1.0, INF],       # +inf: entropy NaN, the first +inf wins
+        [-INF, -INF, -INF, -INF],   # nothing above -inf: token 0
+        [NAN, NAN, NAN, NAN],
+        [-INF, 2.0, -INF, -INF],    # a point mass: entropy 0
+        [3.0, -INF, 3.0, -INF],     # ties among the finite entries
+    ]
+    args = one_sequence(logits, [4, 5, 6, 7, 8, 9], temperature=temperature, top_k=top_k,
+                        top_p=top_p, threshold=1e30, seed=11)
+    token, selected, entropy = _assert_matches_reference(args)
+    assert torch.isnan(entropy[:4]).all() and entropy[4] == 0
+    assert selected.tolist() == [False, False, False, False, True, True]
+    assert token[2] == token[3] == 0
+    if temperature == 0:
+        assert token.tolist() == [2, 1, 0, 0, 1, 0]
+    if math.isnan(temperature):
+        assert token.tolist() == [0] * 6
+
+
+def test_nan_rows_are_the_fallback_only_when_every_valid_row_is_nan():
+    nan_row, inf_row, flat = [NAN, 0.0, 0.0], [INF, 0.0, 0.0], [0.0, 0.0, 0.0]
+    token, selected, _, _ = run_kernel(one_sequence([nan_row, inf_row, flat], [0, 1, 2]))
+    assert selected.tolist() == [False, False, True]
+    token, selected, _, _ = run_kernel(one_sequence(
+        [flat, nan_row, inf_row, [-INF] * 3], [-1, 4, 5, 6], threshold=1e30))
+    assert selected.tolist() == [False, True, False, False]
+    assert token.tolist() == [0, 1, 0, 0]
+
+
+def test_fallback_takes_the_first_row_with_the_smallest_adjusted_entropy():
+    flat, sharp = [0.0, 0.0, 0.0, 0.0], [9.0, 0.0, 0.0, 0.0]
+    _, selected, _, _ = run_kernel(one_sequence([flat, sharp, sharp], [5, 9, 8]))
+    assert selected.tolist() == [False, True, False]  # a tie, broken by row order
+    _, selected, _, _ = run_kernel(one_sequence([flat, sharp, sharp], [5, 9, 8],
+                                                penalty=0.01, threshold=0.0))
+    assert selected.tolist() == [False, False, True]  # the penalty breaks the tie
+
+
+def test_penalty_counts_from_the_smallest_valid_row_pos_and_threshold_is_strict():
+    uniform = [0.0, 0.0, 0.0, 0.0]
+    h = float(run_kernel(one_sequence([uniform], [0]))[2][0])  # the kernel's log 4
+    args = batch([uniform] * 5, [0, 4, 5], [13, -1, 11, 12, 2], [0.0, 0.0], [0, 0],
+                 [1.0, 1.0], [h + 0.15, h], [0.1, 0.1], [0, 0])
+    _, selected, entropy, _ = run_kernel(args)
+    # adjusted: 13 -> h + .2, 11 -> h, 12 -> h + .1; sequence 1: h < h fails, fallback
+    assert selected.tolist() == [False, False, True, True, True]
+    assert entropy[1] == 0
+
+
+def test_rows_outside_every_sequence_and_sequences_without_valid_rows():
+    garbage, row = [NAN, INF, 2.0], [0.0, 3.0, 1.0]
+    # row 0 is before cu_rows[0], row 2 has row_pos -1, row 4 is after cu_rows[-1];
+    # sequence 1 is empty and sequence 2 only holds a padding row
+    args = batch([garbage, row, garbage, row, garbage], [1, 3, 3, 4], [7, 8, -1, -1, 10],
+                 [0.0] * 3, [0] * 3, [1.0] * 3, [1e30] * 3, [0.0] * 3, [0] * 3)
+    token, selected, entropy, workspace = run_kernel(args)
+    assert token.tolist() == [0, 1, 0, 0, 0]
+    assert selected.tolist() == [False, True, False, False, False]
+    assert entropy[[0, 2, 3, 4]].tolist() == [0.0] * 4
+    assert workspace.row_sequence.tolist() == [-1, 0, -1, -1, -1]
+
+
+def test_batch_without_sequences_is_all_padding():
+    args = batch(torch.randn(3, 50), [0], [1, 2, 3], [], [], [], [], [], [])
+    token, selected, entropy, _ = run_kernel(args)
+    assert token.tolist() == [0, 0, 0] and not selected.any() and entropy.tolist() == [0.0] * 3
+
+
+class _Unlaunchable:
+    def __getitem__(self, grid):
+        raise AssertionError(f"a kernel was launched with grid {grid}")
+
+
+@pytest.mark.parametrize("cu_rows", [[0], [0, 0, 0]])
+def test_zero_rows_give_empty_outputs_without_a_launch(monkeypatch, cu_rows):
+    for name in ("_select_filter_kernel", "_select_partials_kernel", "_select_sequences_kernel"):
+        monkeypatch.setattr(select_ops, name, _Unlaunchable())
+    num_seqs = len(cu_rows) - 1
+    args = batch(torch.empty(0, 11), cu_rows, [], [1.0] * num_seqs, [0] * num_seqs,
+                 [1.0] * num_seqs, [0.0] * num_seqs, [0.0] * num_seqs, [0] * num_seqs)
+    token, selected, entropy = select_tokens_triton(*(a.to(DEVICE) for a in args))
+    assert token.shape == selected.shape == entropy.shape == (0,)
+    assert (token.dtype, selected.dtype, entropy.dtype) == (torch.int64, torch.bool,
+                                                           torch.float32)
+
+
+def test_vocabulary_of_one():
+    args = batch([[3.0], [-1.0], [0.5]], [0, 2, 3], [4, 5, 9], [0.0, 0.8], [0, 1],
+                 [1.0, 0.1], [0.5, -INF], [0.0, 0.0], [1, 2])
+    token, selected, entropy = _assert_matches_reference(args)
+    assert token.tolist() == [0, 0, 0] and entropy.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("vocab,temperature,top_k,top_p", [
+    (151936, 0.0, 0, 1.0), (152064, 0.1, 0, 1.0), (32000, 0.9, 40, 0.9), (1000, 0.6, 7, 0.8),
+    (7, 1.3, 3, 0.7),
+])
+def test_vocabulary_sizes_that_are_not_multiples_of_the_tile(vocab, temperature, top_k, top_p):
+    """Real vocabulary sizes (one or two rows: the interpreter is slow), the maximum near
+    the end of the row, split across three programs."""
+    g = torch.Generator().manual_seed(vocab)
+    num_rows = 1 if vocab > 100000 else 2
+    logits = torch.randn(num_rows, vocab, generator=g) * 2
+    logits[:, -3] += 9.0  # in the last, partial tile
+    args = batch(logits, [0, num_rows], [40 + r for r in range(num_rows)], [temperature],
+                 [top_k], [top_p], [INF], [0.02], [vocab])
+    token, _, entropy, _ = run_kernel(args, num_splits=3)
+    torch_token, _, torch_entropy = select_tokens_torch(*args)
+    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL)
+    for r in range(num_rows):
+        expected = ref.sample_row(logits[r], temperature, top_k, top_p, vocab, 40 + r)
+        for other in (expected, int(torch_token[r])):
+            _assert_same_token(int(token[r]), other, logits[r], temperature, top_k, top_p,
+                               vocab, 40 + r)
+
+
+def test_row_strided_logits_give_the_results_of_contiguous_ones():
+    storage = torch.randn(5, 90) * 2
+    params = ([0, 2, 5], [4, 5, 1, 2, 3], [0.0, 0.9], [0, 7], [1.0, 0.8], [0.7, 1.5],
+              [0.02, 0.02], [3, 4])
+    for dtype in DTYPES:
+        strided = storage.to(dtype)[:, 3:70]
+        assert not strided.is_contiguous()
+        actual = run_kernel(batch(strided, *params))
+        expected = run_kernel(batch(strided.contiguous(), *params))
+        for a, e in zip(actual[:3], expected[:3]):
+            assert torch.equal(a, e), dtype
+
+
+def test_logits_beyond_2_31_elements_use_int64_offsets():
+    """Two rows 2^31 elements apart (a view into a reserved, mostly untouched fp16 buffer):
+    the second row's element offsets only fit in int64."""
+    vocab = 300
+    try:
+        storage = torch.empty(2**31 + vocab, dtype=torch.float16, device=DEVICE)
+    except (RuntimeError, MemoryError):
+        pytest.skip("cannot reserve 2^31 fp16 elements")
+    far_logits = storage.as_strided((2, vocab), (2**31, 1))
+    g = torch.Generator().manual_seed(5)
+    values = (torch.randn(2, vocab, generator=g) * 2).half()
+    far_logits.copy_(values.to(DEVICE))
+    storage[vocab: 2 * vocab] = float("nan")  # where a wrapped 32-bit offset would land
+    args = batch(values, [0, 2], [7, 8], [0.8], [5], [0.9], [INF], [0.0], [21])
+    token, selected, entropy = select_tokens_triton(
+        far_logits, *(a.to(DEVICE) for a in args[1:]))
+    expected_token, expected_selected, expected_entropy = select_tokens_torch(*args)
+    assert torch.equal(token.cpu(), expected_token)
+    assert torch.equal(selected.cpu(), expected_selected)
+    torch.testing.assert_close(entropy.cpu(), expected_entropy, rtol=ENTROPY_RTOL,
+                               atol=ENTROPY_ATOL)
+
+
+def test_launcher_returns_fresh_outputs_and_leaves_inputs_unchanged():
+    args = tuple(a.to(DEVICE) for a in batch(
+        torch.randn(5, 40), [0, 3, 5], [1, 2, 3, 8, 9], [0.0, 1.0], [0, 4], [1.0, 0.5],
+        [1.0, 2.0], [0.1, 0.1], [5, 6]))
+    before = [a.clone() for a in args]
+    outputs = select_tokens_triton(*args)
+    for a, b in zip(args, before):
+        assert torch.equal(a, b)
+    for out in outputs:
+        assert out.is_contiguous() and out.device.type == DEVICE
+        assert all(out.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+                   for a in args)
+
+
+# ----------------------------------------------------------------------------------------
+# Kernel variants
+# ----------------------------------------------------------------------------------------
+
+
+class _RecordingKernel:
+    """Stands in for a @triton.jit kernel and records the specialisation of each launch."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, **constexprs):
+            types = [POINTER_TYPES[a.dtype] if isinstance(a, torch.Tensor) else "i32"
+                     for a in args]
+            self.launches.append((self.name, tuple(types), tuple(sorted(constexprs.items())),
+                                  num_warps))
+        return launch
+
+
+def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeypatch):
+    variants = kernel_variants()
+    for variant in variants:
+        assert list(variant.signature) == list(inspect.signature(variant.kernel.fn).parameters)
+    listed = {
+        (variant.name.split("_")[0], tuple(t for t in variant.signature.values()
+                                           if t != "constexpr"),
+         tuple(sorted(variant.constexprs.items())), variant.num_warps)
+        for variant in variants
+    }
+    launches = []
+    for short in ("filter", "partials", "sequences"):
+        monkeypatch.setattr(select_ops, f"_select_{short}_kernel",
+                            _RecordingKernel(short, launches))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for vocab in (1, 7, 4097, 151936, 152064):
+            for num_splits in (None, *range(1, MAX_SPLITS + 1)):
+                args = batch(torch.zeros(2, vocab, dtype=dtype), [0, 2], [1, 2], [0.0], [0],
+                             [1.0], [0.0], [0.0], [0])
+                select_tokens_into(torch.empty(2, dtype=torch.int64),
+                                   torch.empty(2, dtype=torch.bool), torch.empty(2), *args,
+                                   num_splits=num_splits)
+    assert {launch[0] for launch in launches} == {"filter", "partials", "sequences"}
+    for launch in set(launches):
+        assert launch in listed, launch
+
+
+# ---------------------------------------------------------------------------- GPU only
+
+
+def _decode_batch(g, num_seqs, rows_per_seq, vocab, dtype, sampling=True):
+    num_rows = num_seqs * rows_per_seq
+    logits = (torch.randn(num_rows, vocab, generator=g) * 3).to(dtype)
+    params = (
+        [rows_per_seq * b for b in range(num_seqs + 1)],
+        [1000 + r for r in range(num_rows)],
+        [(0.0 if b % 3 == 0 or not sampling else 0.4 + 0.3 * (b % 4)) for b in range(num_seqs)],
+        [[0, 20, 50, 0][b % 4] for b in range(num_seqs)],
+        [[1.0, 0.9, 1.0, 0.7][b % 4] for b in range(num_seqs)],
+        [0.5] * num_seqs, [0.02] * num_seqs, list(range(num_seqs)),
+    )
+    return batch(logits, *params), params
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_decode_shapes_match_pytorch_on_gpu(dtype):
+    g = torch.Generator().manual_seed(3)
+    args, params = _decode_batch(g, 16, 16, 151936, dtype)
+    cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed = params
+    token, selected, entropy = select_tokens_triton(*(a.cuda() for a in args))
+    torch_token, torch_selected, torch_entropy = select_tokens_torch(*(a.cuda() for a in args))
+    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL)
+    logits = args[0].cpu()
+    for b in range(len(cu_rows) - 1):
+        for r in range(cu_rows[b], cu_rows[b + 1]):
+            _assert_same_token(int(token[r]), int(torch_token[r]), logits[r], temperature[b],
+                               top_k[b], top_p[b], seed[b], row_pos[r])
+    ref_entropy = torch_entropy.cpu().double()
+    _assert_selection(selected.cpu(), ref_entropy, torch_selected.cpu(), cu_rows, row_pos,
+                      threshold, penalty)
+
+
+@pytest.mark.cuda
+def test_batch_beyond_2_31_logits_on_gpu():
+    """15000 rows of 151936 bf16 logits (2.28e9 elements, 4.6 GB): rows at the end of the
+    batch, past 2^31 elements, match the PyTorch implementation run on those rows alone."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 8 * 2**30:
+        pytest.skip("needs 8 GiB of free GPU memory")
+    num_rows, vocab = 15000, 151936
+    assert num_rows * vocab > 2**31
+    g = torch.Generator(device="cuda").manual_seed(8)
+    logits = torch.randn(num_rows, vocab, generator=g, device="cuda", dtype=torch.bfloat16)
+    logits.mul_(3)
+    # every row its own sequence; the last ten sample with top-k and top-p
+    temperature = torch.zeros(num_rows, device="cuda")
+    temperature[-10:] = 0.8
+    args = (
+        logits, torch.arange(num_rows + 1, dtype=torch.int32, device="cuda"),
+        torch.arange(num_rows, device="cuda") + 7, temperature,
+        torch.full((num_rows,), 40, dtype=torch.int32, device="cuda"),
+        torch.full((num_rows,), 0.9, device="cuda"), torch.full((num_rows,), INF, device="cuda"),
+        torch.zeros(num_rows, device="cuda"), torch.arange(num_rows, device="cuda"),
+    )
+    token, selected, entropy = select_tokens_triton(*args)
+    tail = slice(num_rows - 16, num_rows)
+    tail_args = (args[0][tail], torch.arange(17, dtype=torch.int32, device="cuda"),
+                 *(a[tail] for a in args[2:]))
+    torch_token, _, torch_entropy = select_tokens_torch(*tail_args)
+    torch.testing.assert_close(entropy[tail], torch_entropy, rtol=ENTROPY_RTOL,
+                               atol=ENTROPY_ATOL)
+    assert torch.equal(token[tail], torch_token)
+    assert selected.all()
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_with_changed_inputs_matches_eager():
+    g = torch.Generator().manual_seed(12)
+    static = [a.cuda() for a in _decode_batch(g, 8, 4, 151936, torch.bfloat16)[0]]
+    select_tokens_triton(*static)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = select_tokens_triton(*static)
+    for round_index in range(2):
+        fresh = _decode_batch(g, 8, 4, 151936, torch.bfloat16, sampling=round_index == 0)[0]
+        fresh = [a.cuda() for a in fresh]
+        fresh[3] = fresh[3] * (1.5 if round_index else 1.0)  # new temperatures
+        fresh[8] = fresh[8] + 1000 * (round_index + 1)  # new seeds
+        for target, source in zip(static, fresh):
+            target.copy_(source)
+        graph.replay()
+        eager = select_tokens_triton(*fresh)
+        for replayed, expected in zip(outputs, eager):
+            assert torch.equal(replayed, expected)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from reference import philox
 from reference import select as ref
 from tests.kernel_harness import guarded
+from tests.select_inputs import batch, i64, one_sequence
 from wedlm_kernels.ops import select as select_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
 from wedlm_kernels.ops.select import (
@@ -74,33 +75,6 @@ TOP_P_MARGIN = 1e-4
 GUMBEL_TOLERANCE = dict(rtol=1e-6, atol=1e-6)
 
 
-def f32(*values):
-    return torch.tensor(values, dtype=torch.float32)
-
-
-def i32(*values):
-    return torch.tensor(values, dtype=torch.int32)
-
-
-def i64(*values):
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def batch(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed):
-    """Argument tuple in the op's order (CPU tensors) from plain Python values."""
-    if not isinstance(logits, torch.Tensor):
-        logits = torch.tensor(logits, dtype=torch.float32)
-    return (
-        logits, i32(*cu_rows), i64(*row_pos), f32(*temperature), i32(*top_k), f32(*top_p),
-        f32(*threshold), f32(*penalty), i64(*seed),
-    )
-
-
-def one_sequence(logits, row_pos, temperature=0.0, top_k=0, top_p=1.0, threshold=-INF,
-                 penalty=0.0, seed=0):
-    logits = torch.tensor(logits, dtype=torch.float32)
-    return batch(logits, [0, logits.shape[0]], row_pos, [temperature], [top_k], [top_p],
-                 [threshold], [penalty], [seed])
 
 
 def run_kernel(args, num_splits=None):

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 import wedlm_kernels as wk
 from reference import philox
 from reference import select as ref
-from tests.select_inputs import batch, i32, one_sequence
+from tests.select_inputs import (
+    DECISION_MARGIN,
+    batch,
+    choose_thresholds,
+    i32,
+    one_sequence,
+    random_logits,
+)
 from wedlm_kernels import _validate
 
 INF = float("inf")
@@ -28,9 +35,6 @@ NAN = float("nan")
 # rtol 1e-5 and atol 5e-6 leave a margin of 5-10x.
 ENTROPY_RTOL = 1e-5
 ENTROPY_ATOL = 5e-6
-# Decisions on adjusted entropies closer than this to a threshold (or to each other) are
-# not decidable at fp32 precision; the random tests keep their thresholds away from them.
-DECISION_MARGIN = 1e-4
 # Top-p decisions: the op accumulates the probability mass in fp32 (error ~1e-6).
 TOP_P_MARGIN = 1e-4
 
@@ -69,47 +73,8 @@ def chi2_bound(df: int, false_failure: float) -> float:
 # ----------------------------------------------------------------------------------------
 
 
-def _random_logits(data, g, rows, vocab):
-    kind = data.draw(st.sampled_from(["normal", "ties", "peaked", "special"]), label="kind")
-    if kind == "ties":  # few distinct values: pins first-index and tie-keeping rules
-        return torch.randint(-3, 3, (rows, vocab), generator=g).float()
-    scale = data.draw(st.floats(0.3, 8.0), label="scale")
-    logits = torch.randn(rows, vocab, generator=g) * scale
-    if kind == "peaked" and rows:
-        peak = torch.randint(0, vocab, (rows,), generator=g)
-        logits[torch.arange(rows), peak] += 15.0
-    if kind == "special" and rows:
-        logits[torch.rand(rows, vocab, generator=g) < 0.3] = -INF
-        # one row with a NaN, +inf or -inf entry, or made entirely of it
-        special_row = int(torch.randint(0, rows, (1,), generator=g))
-        value = data.draw(st.sampled_from([NAN, INF, -INF]), label="special value")
-        if data.draw(st.booleans(), label="whole row"):
-            logits[special_row] = value
-        else:
-            logits[special_row, int(torch.randint(0, vocab, (1,), generator=g))] = value
-    return logits
 
 
-def _choose_thresholds(data, logits, cu_rows, row_pos, penalty):
-    """Per sequence: -inf, below all adjusted entropies (fallback), between two of them
-    (away from both) or above all, computed from the reference entropies."""
-    thresholds = []
-    for b in range(len(cu_rows) - 1):
-        rows = [r for r in range(cu_rows[b], cu_rows[b + 1]) if row_pos[r] >= 0]
-        if rows:
-            nearest = min(row_pos[r] for r in rows)
-            adjusted = [ref.row_entropy(logits[r]) + penalty[b] * (row_pos[r] - nearest)
-                        for r in rows]
-        else:
-            adjusted = []
-        values = sorted(a for a in adjusted if not math.isnan(a))
-        choices = [-INF]
-        if values:
-            choices += [values[0] - 0.5, values[-1] + 0.5]
-            choices += [(lo + hi) / 2 for lo, hi in zip(values, values[1:])
-                        if hi - lo > 4 * DECISION_MARGIN * (1 + abs(hi))]
-        thresholds.append(data.draw(st.sampled_from(choices), label=f"threshold {b}"))
-    return thresholds
 
 
 def _gumbel_near_tie(logits_row, temperature, seed, position, token_a, token_b):
@@ -150,7 +115,7 @@ def test_matches_reference_on_random_batches(data):
                       label="V")
     dtype = data.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
 
-    logits = _random_logits(data, g, num_rows, vocab).to(dtype)
+    logits = random_logits(data, g, num_rows, vocab).to(dtype)
     cu_rows = [leading]
     for length in seq_lens:
         cu_rows.append(cu_rows[-1] + length)
@@ -169,7 +134,7 @@ def test_matches_reference_on_random_batches(data):
     top_p = [data.draw(st.sampled_from([1.0, 1.5, 0.0, 1e-3, 0.3, 0.9])) for _ in seq_lens]
     penalty = [data.draw(st.sampled_from([0.0, 0.02, 0.37])) for _ in seq_lens]
     seed = [data.draw(st.integers(-(2**63), 2**63 - 1)) for _ in seq_lens]
-    threshold = _choose_thresholds(data, logits, cu_rows, row_pos, penalty)
+    threshold = choose_thresholds(data, logits, cu_rows, row_pos, penalty)
 
     args = batch(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed)
     token, selected, entropy = wk.select_tokens(*args)

@@ -27,8 +27,9 @@ import platform
 import re
 import shlex
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -375,3 +376,63 @@ def fmt_rate(value: float | None) -> str:
     if value is None:
         return "—"
     return fmt(value, max(0, 2 - int(math.floor(math.log10(value)))) if value > 0 else 0)
+
+
+def run_cases(
+    group: dict,
+    cases: Iterable[tuple[str, Callable[[], dict]]],
+    timer: Timer,
+    derive: Callable[[dict], None],
+    device: torch.device,
+    prefix: str = "",
+    after_each: Callable[[], None] | None = None,
+) -> str | None:
+    """Run ``(label, run_case)`` cases into ``group["cases"]``.
+
+    A case that raises is recorded in ``group["case_errors"]`` and the others go on; a lost
+    CUDA context stops the group: ``group["error"]`` says where, and the error text is
+    returned so the caller can skip what remains. ``derive`` adds rates to each finished
+    case; ``after_each`` runs after every case (e.g. to write partial results).
+    """
+    for label, run_case in cases:
+        print(f"{prefix}{label}", flush=True)
+        try:
+            case = run_case()
+        except CudaContextLost as error:
+            group["error"] = f"{label}: CUDA context lost: {error}"
+            return str(error)
+        except Exception as error:  # noqa: BLE001 - recorded, the other cases go on
+            group.setdefault("case_errors", []).append(
+                f"{label}: {type(error).__name__}: {error}")
+            timer.check_context()
+            continue
+        derive(case)
+        group["cases"].append(case)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if after_each is not None:
+            after_each()
+    return None
+
+
+def bench_main(
+    argv: Sequence[str] | None,
+    parse_args: Callable[[list[str]], object],
+    run: Callable[[object, list[str]], dict],
+    failures: Callable[[dict], list[str]],
+    markdown_name: str,
+) -> int:
+    """The command line of a CUDA microbenchmark: says so and exits 0 without a GPU (unless
+    ``--cpu-smoke``), prints the Markdown report, and exits 1 if any case failed."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE)
+        return 0
+    report = run(args, argv)
+    print((Path(report["out_dir"]) / markdown_name).read_text())
+    print(f"results in {report['out_dir']}")
+    problems = failures(report)
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    return 1 if problems else 0

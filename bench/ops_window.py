@@ -45,7 +45,6 @@ import torch
 
 from bench import common
 from bench.common import (
-    CudaContextLost,
     PackedState,
     Timer,
     add_derived,
@@ -786,23 +785,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         if context_lost:
             result["error"] = f"not run: the CUDA context was lost ({context_lost})"
             continue
-        for label, run_case in cases_of(op):
-            print(f"{op} {label}", flush=True)
-            try:
-                case = run_case()
-            except CudaContextLost as error:
-                context_lost = str(error)
-                result["error"] = f"{label}: CUDA context lost: {error}"
-                break
-            except Exception as error:  # noqa: BLE001 - recorded, the other cases go on
-                result.setdefault("case_errors", []).append(
-                    f"{label}: {type(error).__name__}: {error}")
-                timer.check_context()
-                continue
-            add_derived(case, copy["gb_per_s"])
-            result["cases"].append(case)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        context_lost = common.run_cases(
+            result, cases_of(op), timer, lambda case: add_derived(case, copy["gb_per_s"]),
+            device, prefix=f"{op} ")
         write_outputs(report, out_dir, final=False)  # partial results survive a crash
     report["complete"] = context_lost is None
     write_outputs(report, out_dir, final=True)
@@ -827,18 +812,7 @@ def failures(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        print(common.NO_GPU_MESSAGE)
-        return 0
-    report = run(args, argv)
-    print((Path(report["out_dir"]) / "ops_window.md").read_text())
-    print(f"results in {report['out_dir']}")
-    problems = failures(report)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    return common.bench_main(argv, parse_args, run, failures, "ops_window.md")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from bench.common import CudaContextLost, Timer, add_derived, fmt, fmt_rate, markdown_table
+from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
 IMPL_ORDER = ("triton", "torch", "sdpa")
 
@@ -520,24 +520,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     plan = [("decode", batch, rows, context) for batch in sizes.batches
             for rows in sizes.window_rows for context in sizes.contexts]
     plan += [("prefill", 1, tokens, 0) for tokens in sizes.prefill_tokens]
-    for kind, batch, rows, context in plan:
-        label = f"{kind} B={batch} q_len={rows} context={context}"
-        print(label, flush=True)
-        try:
-            case = run_case(kind, sizes, launchers, batch, rows, context, timer, args.seed)
-        except CudaContextLost as error:
-            report["error"] = f"{label}: CUDA context lost: {error}"
-            break
-        except Exception as error:  # noqa: BLE001 - recorded, the other cases go on
-            report.setdefault("case_errors", []).append(
-                f"{label}: {type(error).__name__}: {error}")
-            timer.check_context()
-            continue
-        add_rates(case, copy["gb_per_s"], matmul["tflops"])
-        report["cases"].append(case)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        write_outputs(report, out_dir, final=False)  # partial results survive a crash
+    cases = [(f"{kind} B={batch} q_len={rows} context={context}",
+              lambda kind=kind, batch=batch, rows=rows, context=context: run_case(
+                  kind, sizes, launchers, batch, rows, context, timer, args.seed))
+             for kind, batch, rows, context in plan]
+    # writing after every case lets partial results survive a crash
+    common.run_cases(
+        report, cases, timer, lambda case: add_rates(case, copy["gb_per_s"], matmul["tflops"]),
+        device, after_each=lambda: write_outputs(report, out_dir, final=False))
     report["complete"] = "error" not in report
     write_outputs(report, out_dir, final=True)
     report["out_dir"] = str(out_dir)
@@ -560,18 +550,7 @@ def failures(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        print(common.NO_GPU_MESSAGE)
-        return 0
-    report = run(args, argv)
-    print((Path(report["out_dir"]) / "paged_attention.md").read_text())
-    print(f"results in {report['out_dir']}")
-    problems = failures(report)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    return common.bench_main(argv, parse_args, run, failures, "paged_attention.md")
 
 
 if __name__ == "__main__":

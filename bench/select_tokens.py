@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from bench import common
-from bench.common import CudaContextLost, Timer, add_derived, fmt, fmt_rate, markdown_table
+from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
 IMPLS = ("triton", "torch", "engine")
 GRAPH_CAPTURABLE = ("triton", "torch")
@@ -471,23 +471,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         if context_lost:
             result["error"] = f"not run: the CUDA context was lost ({context_lost})"
             continue
-        for num_rows in sizes.rows:
-            print(f"{params.name} R={num_rows}", flush=True)
-            try:
-                case = run_case(sizes, params, num_rows, launchers, timer, args.seed)
-            except CudaContextLost as error:
-                context_lost = str(error)
-                result["error"] = f"R={num_rows}: CUDA context lost: {error}"
-                break
-            except Exception as error:  # noqa: BLE001 - recorded, the other cases go on
-                result.setdefault("case_errors", []).append(
-                    f"R={num_rows}: {type(error).__name__}: {error}")
-                timer.check_context()
-                continue
-            add_derived(case, copy["gb_per_s"])
-            result["cases"].append(case)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        cases = [(f"R={num_rows}", lambda params=params, num_rows=num_rows: run_case(
+            sizes, params, num_rows, launchers, timer, args.seed)) for num_rows in sizes.rows]
+        context_lost = common.run_cases(
+            result, cases, timer, lambda case: add_derived(case, copy["gb_per_s"]), device,
+            prefix=f"{params.name} ")
         write_outputs(report, out_dir, final=False)  # partial results survive a crash
     report["complete"] = context_lost is None
     write_outputs(report, out_dir, final=True)
@@ -512,18 +500,7 @@ def failures(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        print(common.NO_GPU_MESSAGE)
-        return 0
-    report = run(args, argv)
-    print((Path(report["out_dir"]) / "select_tokens.md").read_text())
-    print(f"results in {report['out_dir']}")
-    problems = failures(report)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    return common.bench_main(argv, parse_args, run, failures, "select_tokens.md")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint
+.PHONY: install test demo tour bench lint
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
+	$(PY) -m model_min demo
+
+tour: $(STAMP)
 	$(PY) examples/tour.py
 
 bench: $(STAMP)
@@ -27,4 +30,4 @@ bench: $(STAMP)
 	$(PY) -m bench.ops_window
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check wedlm_kernels reference tests examples bench
+	$(VENV)/bin/ruff check wedlm_kernels reference model_min tests examples bench

@@ -5,7 +5,7 @@ reorder_window -> (rope_kv_append, paged_attention) per layer -> lm_head on mask
 select_tokens -> commit_window. The weights are random, so the tokens are noise; what the
 tour shows is the data flow, the shapes and the state after each step.
 
-Run: python examples/tour.py   (or `make demo`)
+Run: python examples/tour.py   (or `make tour`)
 """
 
 import torch

@@ -2,6 +2,9 @@
 
 Prints the generated text (token ids for ``--prompt-ids`` without a tokenizer) as it is
 committed, then one summary line: tokens, forwards, tokens per forward, p_cache, tok/s.
+
+``python -m model_min demo`` decodes a few prompts with the shipped tiny model in every mode
+and compares them (see ``model_min/demo.py``).
 """
 
 import argparse
@@ -10,6 +13,7 @@ import time
 
 import torch
 
+from . import demo
 from .generator import MODES, Generator, SamplingParams
 from .loader import load_model
 from .tokenizer import chat_prompt, load_tokenizer
@@ -54,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--cuda-graph", action="store_true", help="capture the decode step (CUDA)")
-    commands.add_parser("demo", help="run the demo model (not available yet)")
+    demo.add_arguments(commands.add_parser(
+        "demo", help="compare streaming, block-wise and AR decoding on the shipped tiny model",
+        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -124,10 +130,7 @@ def generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        print("The demo model is not available yet: it arrives with a later release. "
-              "Use `python -m model_min generate --model DIR --prompt ...` with a "
-              "Qwen3/Qwen2.5/WeDLM checkpoint meanwhile.")
-        return 0
+        return demo.run(args)
     try:
         return generate(args)
     except (ValueError, FileNotFoundError, ImportError) as error:

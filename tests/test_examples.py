@@ -1,4 +1,4 @@
-"""The runnable tour (`make demo`) keeps working."""
+"""The runnable tour (`make tour`) keeps working."""
 
 import pathlib
 import runpy

@@ -93,8 +93,3 @@ def test_missing_mask_token_id_is_a_clear_cli_error(checkpoint, tmp_path, capsys
     assert "--mask-token-id" in capsys.readouterr().err
     assert main([*arguments, "--mask-token-id", "299"]) == 0
     assert SUMMARY.search(capsys.readouterr().out)
-
-
-def test_demo_is_a_stub_that_exits_cleanly(capsys):
-    assert main(["demo"]) == 0
-    assert "demo" in capsys.readouterr().out.lower()

@@ -1,0 +1,780 @@
+"""Generates ``bench/REPORT.md`` from every ``bench/results/*/*.json``.
+
+    python -m bench.report            # rewrite bench/REPORT.md and the sweep plots (.svg)
+    python -m bench.report --check    # exit 1 when either is out of date with the JSON
+    python -m bench.report --results DIR --out FILE
+
+One section per result file: date, device and whether its figures are CPU or GPU
+measurements, versions, the command that produced it, its methods, and its figures in
+tables, formatted but never computed anew (unit changes only: bytes to MB, fractions to
+percent). Known layouts: the op microbenchmarks (cases with ``timings`` per implementation
+and mode), per-case result lists such as ``bench.decoder_cpu``'s, and ``bench.sweep``; any
+other JSON becomes a flattened key/value table. Each ``bench.sweep`` result also gets a
+dependency-free SVG plot (tokens per forward and p_cache against the threshold, one series
+per mode) next to its JSON. The output depends only on the files read, so ``--check`` can
+tell whether the committed report is current.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+from bench.common import fmt, fmt_rate, markdown_table
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_RESULTS = BENCH_DIR / "results"
+DEFAULT_OUT = BENCH_DIR / "REPORT.md"
+COMMAND = "python -m bench.report"
+DASH = "—"
+
+# Top-level keys every layout renders in the section header.
+HEADER_KEYS = ("benchmark", "label", "date", "device", "machine", "versions", "command",
+               "methods", "quick", "complete", "plot", "mode", "modes")
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def num(value) -> str:
+    """A JSON value as text: floats with 4 significant digits, lists joined, None a dash."""
+    if value is None:
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(num(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {num(v)}" for k, v in value.items())
+    return str(value)
+
+
+def cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def percent(value) -> str:
+    return DASH if value is None else f"{100 * value:.2f}%"
+
+
+def times(value) -> str:
+    return DASH if value is None else f"{value:.2f}×"
+
+
+def fixed(digits: int) -> Callable[[float | None], str]:
+    return lambda value: fmt(value, digits)
+
+
+def flatten(node, prefix: str = "", skip: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``(dotted key, text)`` of every leaf; lists of plain values stay one entry."""
+    if isinstance(node, dict):
+        items = []
+        for key, value in node.items():
+            if key in skip:
+                continue
+            items += flatten(value, f"{prefix}.{key}" if prefix else str(key), skip)
+        return items
+    if isinstance(node, list) and any(isinstance(v, (dict, list)) for v in node):
+        items = []
+        for index, value in enumerate(node):
+            items += flatten(value, f"{prefix}[{index}]", skip)
+        return items
+    return [(prefix, num(node))]
+
+
+def key_value_table(node, skip: Sequence[str] = ()) -> list[str]:
+    rows = [[cell(k), cell(v)] for k, v in flatten(node, skip=skip)]
+    return markdown_table(["key", "value"], rows) if rows else []
+
+
+# ---------------------------------------------------------------------------- section header
+
+
+def measurement(data: dict) -> str:
+    """"GPU measurement", "CPU measurement" or "device not recorded"."""
+    device = data.get("device")
+    kind = device.get("type") if isinstance(device, dict) else None
+    kind = kind or data.get("mode")
+    if kind == "cuda":
+        return "GPU measurement"
+    label = data.get("label") or (data.get("machine") or {}).get("label") or ""
+    if kind == "cpu" or "cpu" in str(label).lower():
+        return "CPU measurement"
+    return "device not recorded"
+
+
+def device_text(data: dict) -> str:
+    device, machine = data.get("device"), data.get("machine")
+    if isinstance(device, dict) and device.get("type") == "cuda":
+        extra = [f"compute capability {device['compute_capability']}"
+                 if device.get("compute_capability") else "",
+                 f"{device['memory_gib']} GiB" if device.get("memory_gib") else ""]
+        return ", ".join([str(device.get("name", DASH)), *filter(None, extra)])
+    if isinstance(machine, dict):
+        parts = [str(machine.get("processor") or machine.get("platform") or "CPU")]
+        if machine.get("cpu_count"):
+            parts.append(f"{machine['cpu_count']} CPUs")
+        if machine.get("torch_threads"):
+            parts.append(f"{machine['torch_threads']} torch thread(s)")
+        return ", ".join(parts)
+    if isinstance(device, dict):
+        return str(device.get("name", DASH))
+    return DASH
+
+
+def methods_lines(methods) -> list[str]:
+    if not methods:
+        return []
+    if isinstance(methods, dict):
+        body = [f"- {name}: {text}" for name, text in methods.items()]
+    else:
+        body = [str(methods)]
+    return ["<details><summary>How each figure is measured</summary>", "", *body, "",
+            "</details>", ""]
+
+
+def header_lines(data: dict, links: list[str]) -> list[str]:
+    versions = data.get("versions")
+    lines = [
+        f"- Date: {data.get('date', DASH)}",
+        f"- Device: {device_text(data)}: **{measurement(data)}**"
+        + (f" ({data['label']})" if data.get("label") else ""),
+        f"- Versions: {num(versions) if isinstance(versions, dict) else DASH}",
+        f"- Command: `{data.get('command', DASH)}`",
+    ]
+    if "quick" in data:
+        lines.append(f"- Quick (smoke) configuration: {num(data['quick'])}")
+    if "complete" in data:
+        lines.append(f"- Complete run: {num(data['complete'])}")
+    if links:
+        lines.append("- Files: " + ", ".join(links))
+    return [*lines, "", *methods_lines(data.get("methods"))]
+
+
+# ---------------------------------------------------------------------------- op benchmarks
+
+CONTAINER_KEYS = ("ops", "parameters")
+IMPL_METRICS = {  # per-case key -> (column suffix, formatter)
+    "gb_per_s": ("GB/s", fmt_rate),
+    "fraction_of_copy_bandwidth": ("% copy BW", percent),
+    "tflops": ("TFLOP/s", fixed(1)),
+    "fraction_of_matmul_tflops": ("% matmul", percent),
+}
+
+
+def case_groups(data: dict) -> list[tuple[list[str], dict]]:
+    """``(path, node)`` of every dict holding a ``cases`` list of timed cases."""
+    groups = []
+
+    def walk(node, path):
+        if not isinstance(node, dict):
+            return
+        cases = node.get("cases")
+        if isinstance(cases, list) and cases and all(
+            isinstance(c, dict) and isinstance(c.get("timings"), dict) for c in cases
+        ):
+            groups.append((path, node))
+        for key, value in node.items():
+            if key != "cases":
+                walk(value, [*path, key])
+
+    walk(data, [])
+    return groups
+
+
+def is_impl_mode_figures(value) -> bool:
+    """``{impl: {mode: number or None}}``."""
+    return isinstance(value, dict) and bool(value) and all(
+        isinstance(modes, dict) and all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            for v in modes.values())
+        for modes in value.values())
+
+
+def ordered_union(lists) -> list:
+    """The distinct items of all lists, in order of first appearance."""
+    seen = []
+    for items in lists:
+        for item in items:
+            if item not in seen:
+                seen.append(item)
+    return seen
+
+
+def check_text(case: dict) -> str:
+    check = case.get("check")
+    if not isinstance(check, dict) or not check:
+        return DASH
+    failed = [name for name, result in check.items()
+              if not (isinstance(result, dict) and result.get("ok") is True)]
+    return "ok" if not failed else "FAIL: " + ", ".join(failed)
+
+
+def timing_cell(case: dict, impl: str, mode: str) -> str:
+    timing = case["timings"].get(impl, {}).get(mode)
+    if not isinstance(timing, dict):
+        return DASH
+    if "error" in timing:
+        return "error"
+    return fmt(timing.get("median_us"), 1)
+
+
+CASE_FIGURE_KEYS = ("params", "bytes", "check", "timings", "speedup", "flops", "kind")
+
+
+def case_settings(cases: list[dict]) -> tuple[dict, list[str]]:
+    """Other per-case entries (e.g. a kernel schedule): those equal in every case, and the
+    names of those that vary (shown as table columns)."""
+    keys = ordered_union(
+        [k for k, v in c.items() if k not in CASE_FIGURE_KEYS and k not in IMPL_METRICS
+         and not is_impl_mode_figures(v)] for c in cases)
+    constant, varying = {}, []
+    for key in keys:
+        texts = [num(c.get(key)) for c in cases]
+        if len(set(texts)) == 1:
+            constant[key] = cases[0].get(key)
+        else:
+            varying.append(key)
+    return constant, varying
+
+
+def mode_table(cases: list[dict], mode: str) -> list[str]:
+    """One row per case: parameters, bytes, every implementation's µs and derived figures."""
+    params = ordered_union((c.get("params") or {}).keys() for c in cases)
+    impls = ordered_union(c["timings"].keys() for c in cases)
+    metrics = ordered_union(
+        [k for k, v in c.items() if k in IMPL_METRICS and is_impl_mode_figures(v)]
+        for c in cases)
+    metric_impls = {m: ordered_union(c.get(m, {}).keys() for c in cases) for m in metrics}
+    speedups = ordered_union((c.get("speedup") or {}).keys() for c in cases)
+    has_bytes = any(isinstance(c.get("bytes"), dict) and "total" in c["bytes"] for c in cases)
+    has_flops = any(isinstance(c.get("flops"), (int, float)) for c in cases)
+    _, settings = case_settings(cases)
+    headers = [*params, *settings]
+    headers += ["MB moved"] if has_bytes else []
+    headers += ["GFLOP"] if has_flops else []
+    headers += [f"{impl} µs" for impl in impls]
+    for metric in metrics:
+        headers += [f"{impl} {IMPL_METRICS[metric][0]}" for impl in metric_impls[metric]]
+    headers += [f"× {name.replace('_over_', ' over ')}" for name in speedups]
+    headers.append("check")
+    rows = []
+    for case in cases:
+        row = [cell(num((case.get("params") or {}).get(p))) for p in params]
+        row += [cell(num(case.get(key))) for key in settings]
+        if has_bytes:
+            total = (case.get("bytes") or {}).get("total")
+            row.append(DASH if total is None else f"{total / 1e6:.3f}")
+        if has_flops:
+            flops = case.get("flops")
+            row.append(DASH if flops is None else f"{flops / 1e9:.3f}")
+        row += [timing_cell(case, impl, mode) for impl in impls]
+        for metric in metrics:
+            label, formatter = IMPL_METRICS[metric]
+            row += [formatter((case.get(metric) or {}).get(impl, {}).get(mode))
+                    for impl in metric_impls[metric]]
+        row += [times((case.get("speedup") or {}).get(name, {}).get(mode)) for name in speedups]
+        row.append(check_text(case))
+        rows.append(row)
+    return markdown_table(headers, rows)
+
+
+def timing_errors(cases: list[dict]) -> list[str]:
+    errors = []
+    for index, case in enumerate(cases):
+        for impl, modes in case["timings"].items():
+            for mode, timing in modes.items():
+                if isinstance(timing, dict) and "error" in timing:
+                    errors.append(f"- case {index} ({num(case.get('params'))}), {impl} "
+                                  f"`{mode}`: {timing['error']}")
+    return errors
+
+
+def ceilings(data: dict) -> tuple[list[str], list[str]]:
+    """Table of the top-level reference measurements (copy bandwidth, matmul), and their
+    keys."""
+    keys = [k for k, v in data.items() if isinstance(v, dict)
+            and isinstance(v.get("timing"), dict) and "median_us" in v["timing"]]
+    rows = []
+    for key in keys:
+        entry = data[key]
+        figures = []
+        if "gb_per_s" in entry:
+            figures.append(f"{fmt_rate(entry['gb_per_s'])} GB/s")
+        if "tflops" in entry:
+            figures.append(f"{fmt(entry['tflops'], 1)} TFLOP/s")
+        details = {k: v for k, v in entry.items() if k not in ("timing", "gb_per_s", "tflops")}
+        timing = entry["timing"]
+        rows.append([key, fmt(timing.get("median_us"), 1), num(timing.get("samples")),
+                     ", ".join(figures) or DASH, cell(num(details))])
+    if not rows:
+        return [], keys
+    table = markdown_table(["reference measured in the same run", "median µs", "samples",
+                            "figure", "details"], rows)
+    return ["### Ceilings", "", *table, ""], keys
+
+
+def kernel_body(data: dict, groups: list[tuple[list[str], dict]]) -> list[str]:
+    lines, consumed = ceilings(data)
+    consumed = {*consumed, *(path[0] if path else "cases" for path, _ in groups)}
+    all_modes = data.get("modes") if isinstance(data.get("modes"), list) else []
+    for path, node in groups:
+        title = " / ".join(p for p in path if p not in CONTAINER_KEYS) or str(
+            data.get("benchmark", "cases"))
+        cases = node["cases"]
+        kinds = ordered_union([[c.get("kind")] for c in cases])
+        for kind in kinds:
+            subset = [c for c in cases if c.get("kind") == kind]
+            heading = title if kind is None else f"{title}: {kind}"
+            lines += [f"### {heading}", ""]
+            notes = {k: v for k, v in node.items() if path
+                     and k not in ("cases", "case_errors", "error") and not isinstance(v, list)}
+            notes.update(case_settings(subset)[0])
+            if notes:
+                lines += ["Settings: " + "; ".join(f"{k}: {num(v)}" for k, v in notes.items())
+                          + ".", ""]
+            modes = ordered_union([all_modes] + [list(timing.keys()) for c in subset
+                                                 for timing in c["timings"].values()])
+            for mode in modes:
+                lines += [f"Mode `{mode}` ({measurement(data)}):", "",
+                          *mode_table(subset, mode), ""]
+            errors = timing_errors(subset)
+            if errors:
+                lines += ["Timing errors:", "", *errors, ""]
+        for error in node.get("case_errors") or []:
+            lines += [f"- case error: {error}"]
+        if node.get("error"):
+            lines += [f"- group error: {node['error']}"]
+        if node.get("case_errors") or node.get("error"):
+            lines.append("")
+    rest = {k: v for k, v in data.items() if k not in HEADER_KEYS and k not in consumed}
+    if rest:
+        lines += ["### Run details", "", *key_value_table(rest), ""]
+    return lines
+
+
+# ---------------------------------------------------------------------------- per-case lists
+
+
+def case_label(case: dict, index: int) -> str:
+    for key, short in (("window", "W"), ("name", ""), ("batch", "B")):
+        if key in case and not isinstance(case[key], (dict, list)):
+            return f"{short}={case[key]}" if short else str(case[key])
+    return f"case {index}"
+
+
+def case_list_body(data: dict) -> list[str]:
+    """A figure x case table of every per-case value (raw ``samples`` lists left out)."""
+    cases = data["cases"]
+    flat = [dict(flatten(c, skip=("samples",))) for c in cases]
+    keys = ordered_union(f.keys() for f in flat)
+    rows = [[cell(key), *[cell(f.get(key, DASH)) for f in flat]] for key in keys]
+    headers = [measurement(data), *[case_label(c, i) for i, c in enumerate(cases)]]
+    lines = ["### Per-case figures", "",
+             "Every value of each case (medians; the raw samples are in the JSON).", "",
+             *markdown_table(headers, rows), ""]
+    rest = {k: v for k, v in data.items() if k not in HEADER_KEYS and k != "cases"}
+    if rest:
+        lines += ["### Run details", "", *key_value_table(rest), ""]
+    return lines
+
+
+# ---------------------------------------------------------------------------- sweep
+
+SWEEP_HEADERS = ["mode", "B", "W", "threshold", "penalty", "tokens", "forwards",
+                 "forwards / request", "tokens / forward", "p_cache", "wall s (median)",
+                 "tok/s", "× over AR", "finish stop/length"]
+
+
+def sweep_row(case: dict) -> list[str]:
+    wall = (case.get("wall_seconds") or {}).get("median")
+    reasons = case.get("finish_reasons") or {}
+    threshold = case.get("threshold")
+    if case.get("mode") != "ar" and threshold is None:
+        threshold = "none"
+    return [
+        str(case.get("mode")), num(case.get("batch")), num(case.get("window")),
+        num(threshold), num(case.get("penalty")), num(case.get("tokens")),
+        num(case.get("forwards")), fmt(case.get("forwards_per_request"), 1),
+        fmt(case.get("tokens_per_forward"), 2), fmt(case.get("p_cache"), 3),
+        DASH if wall is None else f"{wall:.4g}", fmt(case.get("tokens_per_second"), 1),
+        times(case.get("speedup_over_ar")),
+        f"{reasons.get('stop', 0)}/{reasons.get('length', 0)}",
+    ]
+
+
+def model_text(model: dict) -> str:
+    parts = [f"`{model.get('path', DASH)}`", str(model.get("model_type", DASH)),
+             f"{model.get('num_layers', DASH)} layers", f"hidden {model.get('hidden_size', DASH)}",
+             f"vocab {model.get('vocab_size', DASH)}", str(model.get("dtype", DASH))]
+    if model.get("checkpoint_sha256"):
+        parts.append(f"safetensors sha256 {model['checkpoint_sha256'][:16]}…")
+    training = model.get("training")
+    if isinstance(training, dict) and "steps" in training:
+        parts.append(f"trained {training['steps']} steps")
+    return ", ".join(parts)
+
+
+def sweep_body(data: dict, plot_link: str | None) -> list[str]:
+    params, cases = data.get("params") or {}, data["cases"]
+    kind = measurement(data)
+    lines = [
+        f"Model: {model_text(data.get('model') or {})}.",
+        "",
+        f"Batch of B = the {len(data.get('prompts') or [])} prompts cycled to B; greedy; "
+        f"max_new_tokens {num(params.get('max_new_tokens'))}; stop ids "
+        f"{num(params.get('stop_token_ids'))}; page size {num(params.get('page_size'))}; "
+        f"{num(params.get('warmup'))} warm-up + median of {num(params.get('repeats'))} "
+        f"run(s); CUDA graphs {num(params.get('cuda_graph'))}; torch threads "
+        f"{num(params.get('threads'))}.",
+        "",
+    ]
+    prompts = data.get("prompts") or []
+    if prompts:
+        lines += ["<details><summary>Prompts</summary>", "",
+                  *[f"{i}. `{p}`" for i, p in enumerate(prompts, 1)], "", "</details>", ""]
+    lines += [f"Full grid ({kind}; wall time and tok/s are {kind}s):", "",
+              *markdown_table(SWEEP_HEADERS, [[cell(v) for v in sweep_row(c)] for c in cases]),
+              ""]
+    unequal = [c for c in cases if c.get("outputs_equal_across_runs") is False]
+    if unequal:
+        lines += ["Points whose tokens differed between runs: " + "; ".join(
+            f"{c['mode']} B={c['batch']} W={c.get('window')} threshold={c.get('threshold')}"
+            for c in unequal) + ".", ""]
+    if plot_link:
+        lines += [f"![tokens per forward and p_cache per mode and threshold ({kind})]"
+                  f"({plot_link})", ""]
+    return lines
+
+
+def sweep_markdown(data: dict, plot_link: str | None = None) -> str:
+    """The stand-alone Markdown file ``bench.sweep`` writes next to its JSON."""
+    name = (data.get("model") or {}).get("name", "model")
+    plot_link = plot_link or f"sweep_{name}.svg"
+    lines = [f"# Throughput sweep of model_min.Generator: {name} ({measurement(data)})", "",
+             *header_lines(data, []), *sweep_body(data, plot_link)]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# ---------------------------------------------------------------------------- sweep plot
+
+SERIES_COLORS = {"streaming": "#1f77b4", "blockwise": "#d62728", "ar": "#555555"}
+EXTRA_COLORS = ("#2ca02c", "#9467bd", "#8c564b")
+PLOT_METRICS = (("tokens_per_forward", "tokens / forward"), ("p_cache", "p_cache"))
+PANEL_W, PANEL_H, LEFT, TOP, GAP_X, GAP_Y = 300, 150, 56, 64, 40, 56
+
+
+def nice_ceiling(value: float) -> float:
+    if not value or value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= value - 1e-12)
+
+
+def mode_color(mode: str, modes: list[str]) -> str:
+    if mode in SERIES_COLORS:
+        return SERIES_COLORS[mode]
+    others = [m for m in modes if m not in SERIES_COLORS]
+    return EXTRA_COLORS[others.index(mode) % len(EXTRA_COLORS)]
+
+
+def threshold_label(threshold) -> str:
+    return "none" if threshold is None else f"{threshold:g}"
+
+
+def sweep_plot_slice(data: dict) -> dict:
+    """The points the plot shows: the largest batch, one penalty (0.02 when swept)."""
+    cases = data["cases"]
+    batch = max(c["batch"] for c in cases)
+    windowed = [c for c in cases if c["mode"] != "ar" and c["batch"] == batch]
+    penalties = ordered_union([[c["penalty"] for c in windowed]])
+    penalty = 0.02 if 0.02 in penalties else (penalties[0] if penalties else None)
+    windowed = [c for c in windowed if c["penalty"] == penalty]
+    return {
+        "batch": batch,
+        "penalty": penalty,
+        "windows": sorted({c["window"] for c in windowed}),
+        "thresholds": sorted({c["threshold"] for c in windowed},
+                             key=lambda t: (t is not None, t or 0.0)),
+        "modes": ordered_union([[c["mode"] for c in cases]]),
+        "windowed": windowed,
+        "ar": [c for c in cases if c["mode"] == "ar" and c["batch"] == batch],
+    }
+
+
+def sweep_svg(data: dict) -> str:
+    """Tokens per forward and p_cache against the threshold: one row of panels per metric,
+    one column per window, one series (``<g class="series" data-mode=...>``) per mode."""
+    view = sweep_plot_slice(data)
+    windows = view["windows"] or [None]
+    thresholds = view["thresholds"] or [None]
+    width = LEFT + len(windows) * (PANEL_W + GAP_X)
+    height = TOP + len(PLOT_METRICS) * (PANEL_H + GAP_Y) + 24
+    kind = measurement(data)
+    name = (data.get("model") or {}).get("name", "model")
+    title = f"{name}: batch {view['batch']}, penalty {num(view['penalty'])}"
+    subtitle = f"{kind}, {data.get('date', DASH)}"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+           f"<title>{escape(title)} ({escape(subtitle)})</title>",
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{LEFT}" y="16" font-size="13">{escape(title)}</text>',
+           f'<text x="{LEFT}" y="31">{escape(subtitle)}</text>']
+    tops = {}
+    for row, (metric, label) in enumerate(PLOT_METRICS):
+        values = [c.get(metric) for c in view["windowed"] + view["ar"]]
+        top = nice_ceiling(max([v for v in values if v is not None] or [1.0]))
+        tops[metric] = top
+        for col, window in enumerate(windows):
+            out += panel_frame(col, row, label, window, thresholds, top)
+
+    def xy(col, row, index, value):
+        x = LEFT + col * (PANEL_W + GAP_X) + (index + 0.5) * PANEL_W / len(thresholds)
+        y0 = TOP + row * (PANEL_H + GAP_Y)
+        y = y0 + PANEL_H - value / tops[PLOT_METRICS[row][0]] * PANEL_H
+        return x, y
+
+    for mode in view["modes"]:
+        color = mode_color(mode, view["modes"])
+        out.append(f'<g class="series" data-mode={quoteattr(mode)} stroke="{color}" '
+                   f'fill="{color}">')
+        for row, (metric, label) in enumerate(PLOT_METRICS):
+            for col, window in enumerate(windows):
+                if mode == "ar":
+                    out += ar_line(view["ar"], metric, label, col, row, xy, len(thresholds))
+                    continue
+                out += mode_points(view["windowed"], mode, window, thresholds, metric, label,
+                                   lambda i, v, c=col, r=row: xy(c, r, i, v))
+        out.append("</g>")
+    out += legend(view["modes"], height)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def mode_points(windowed, mode, window, thresholds, metric, label, xy) -> list[str]:
+    """A polyline through one mode's values in one panel, with a marker per point."""
+    points = []
+    for index, threshold in enumerate(thresholds):
+        case = next((c for c in windowed if c["mode"] == mode and c["window"] == window
+                     and c["threshold"] == threshold), None)
+        if case is not None and case.get(metric) is not None:
+            x, y = xy(index, case[metric])
+            note = (f"{mode} W={window} threshold {threshold_label(threshold)}: {label} "
+                    f"{case[metric]:.3f}")
+            points.append((x, y, note))
+    if not points:
+        return []
+    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points)
+    return [f'<polyline points="{coords}" fill="none" stroke-width="2"/>', *[
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3"><title>{escape(note)}</title></circle>'
+        for x, y, note in points]]
+
+
+def panel_frame(col, row, label, window, thresholds, top) -> list[str]:
+    x0 = LEFT + col * (PANEL_W + GAP_X)
+    y0 = TOP + row * (PANEL_H + GAP_Y)
+    heading = f"{label}, W={window}" if window is not None else label
+    out = [f'<g class="panel" data-metric={quoteattr(label)}>',
+           f'<text x="{x0}" y="{y0 - 8}" font-size="12">{escape(heading)}</text>',
+           f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" '
+           f'stroke="#999999"/>']
+    for tick in range(5):
+        value = top * tick / 4
+        y = y0 + PANEL_H - PANEL_H * tick / 4
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + PANEL_W}" y2="{y:.1f}" '
+                   f'stroke="#eeeeee"/>')
+        out.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+    for index, threshold in enumerate(thresholds):
+        x = x0 + (index + 0.5) * PANEL_W / len(thresholds)
+        out.append(f'<text x="{x:.1f}" y="{y0 + PANEL_H + 14}" text-anchor="middle">'
+                   f"{threshold_label(threshold)}</text>")
+    out.append(f'<text x="{x0 + PANEL_W / 2:.1f}" y="{y0 + PANEL_H + 30}" '
+               f'text-anchor="middle">entropy threshold (nats)</text>')
+    out.append("</g>")
+    return out
+
+
+def ar_line(ar_cases, metric, label, col, row, xy, count) -> list[str]:
+    out = []
+    for case in ar_cases:
+        if case.get(metric) is None:
+            continue
+        x1, y = xy(col, row, -0.5, case[metric])
+        x2, _ = xy(col, row, count - 0.5, case[metric])
+        out.append(f'<line x1="{x1:.1f}" y1="{y:.1f}" x2="{x2:.1f}" y2="{y:.1f}" '
+                   f'stroke-width="2" stroke-dasharray="6,4"><title>ar B={case["batch"]}: '
+                   f"{label} {case[metric]:.3f}</title></line>")
+    return out
+
+
+def legend(modes: list[str], height: int) -> list[str]:
+    out, x = [], LEFT
+    for mode in modes:
+        color = mode_color(mode, modes)
+        text = "ar (no threshold)" if mode == "ar" else mode
+        dash = ' stroke-dasharray="6,4"' if mode == "ar" else ""
+        out.append(f'<line x1="{x}" y1="{height - 12}" x2="{x + 24}" y2="{height - 12}" '
+                   f'stroke="{color}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{x + 30}" y="{height - 8}">{escape(text)}</text>')
+        x += 40 + 7 * len(text)
+    return out
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def is_sweep(data) -> bool:
+    return isinstance(data, dict) and data.get("benchmark") == "bench.sweep"
+
+
+def relative(path: Path, out: Path) -> str:
+    return Path(os.path.relpath(path, out.parent)).as_posix()
+
+
+def plot_files(path: Path, data, svgs: dict[Path, str]) -> list[Path]:
+    """Plots that belong to a result file: its ``plot`` entry and same-stem PNG/SVG files
+    (existing ones, or a sweep plot this run writes)."""
+    names = [path.with_suffix(".png").name, path.with_suffix(".svg").name]
+    if isinstance(data.get("plot"), str):
+        names.insert(0, Path(data["plot"]).name)
+    candidates = [path.parent / name for name in ordered_union([names])]
+    return [p for p in candidates if p.exists() or p in svgs]
+
+
+def body_lines(data: dict, plot_link: str | None) -> list[str]:
+    if is_sweep(data):
+        return sweep_body(data, plot_link)
+    groups = case_groups(data)
+    if groups:
+        return kernel_body(data, groups)
+    cases = data.get("cases")
+    if isinstance(cases, list) and cases and all(isinstance(c, dict) for c in cases):
+        return case_list_body(data)
+    rest = {k: v for k, v in data.items() if k not in HEADER_KEYS}
+    return ["### Figures", "", *key_value_table(rest), ""]
+
+
+def section(path: Path, data, error: str | None, out: Path,
+            svgs: dict[Path, str]) -> tuple[list[str], list[Path]]:
+    """A result file's section and the plots it links."""
+    name = relative(path, out)
+    title = f"## {path.parent.name}/{path.name}"
+    if error is not None or not isinstance(data, dict):
+        reason = error or f"top level is a {type(data).__name__}, not an object"
+        lines = [title, "", f"[JSON]({name}) could not be rendered as a result: {reason}.", ""]
+        if error is None:
+            lines += key_value_table({"value": data}) + [""]
+        return lines, []
+    plots = plot_files(path, data, svgs)
+    links = [f"[JSON]({name})"]
+    if path.with_suffix(".md").exists():
+        links.append(f"[Markdown]({relative(path.with_suffix('.md'), out)})")
+    links += [f"[plot]({relative(p, out)})" for p in plots]
+    lines = [f"{title}: {data.get('benchmark', 'unknown benchmark')}", "",
+             *header_lines(data, links)]
+    try:
+        lines += body_lines(data, None)
+    except Exception as exc:  # noqa: BLE001 - an unexpected shape falls back, never crashes
+        rest = {k: v for k, v in data.items() if k not in HEADER_KEYS}
+        lines += [f"(layout not recognised: {type(exc).__name__}: {exc}; flattened)", "",
+                  *key_value_table(rest), ""]
+    lines += [f"![{p.name} ({measurement(data)})]({relative(p, out)})" for p in plots]
+    return [*lines, ""], plots
+
+
+def render(results: Path, out: Path) -> tuple[str, dict[Path, str]]:
+    """REPORT.md's text and the SVG plots of the sweep results, from ``results/*/*.json``."""
+    files = sorted(results.glob("*/*.json"))
+    loaded, svgs = [], {}
+    for path in files:
+        try:
+            data, error = json.loads(path.read_text()), None
+        except (OSError, ValueError) as exc:
+            data, error = None, f"{type(exc).__name__}: {exc}"
+        loaded.append((path, data, error))
+        if is_sweep(data):
+            try:
+                svgs[path.with_suffix(".svg")] = sweep_svg(data)
+            except Exception:  # noqa: BLE001 - no plot for a sweep file of another shape
+                pass
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Generated by `{COMMAND}` from every `bench/results/<device>/*.json`; do not edit "
+        f"by hand. `{COMMAND} --check` fails when this file is out of date. Every figure "
+        "is copied from a result file (formatted, never recomputed) and labelled a CPU or "
+        "GPU measurement.",
+        "",
+    ]
+    index = []
+    for path, data, _ in loaded:
+        ok = isinstance(data, dict)
+        index.append([f"[{path.parent.name}/{path.name}](#{anchor(path, data)})",
+                      cell(data.get("benchmark", DASH)) if ok else DASH,
+                      cell(device_text(data)) if ok else DASH,
+                      measurement(data) if ok else DASH,
+                      cell(data.get("date", DASH)) if ok else DASH])
+    lines += [*markdown_table(["result file", "benchmark", "device", "measurement", "date"],
+                              index), ""]
+    linked = set(svgs)
+    for path, data, error in loaded:
+        body, plots = section(path, data, error, out, svgs)
+        lines += body
+        linked.update(plots)
+    others = sorted(p for suffix in ("png", "svg") for p in results.glob(f"*/*.{suffix}")
+                    if p not in linked)
+    if others:
+        lines += ["## Other plots", "",
+                  *[f"- [{p.parent.name}/{p.name}]({relative(p, out)})" for p in others], ""]
+    return "\n".join(lines).rstrip("\n") + "\n", svgs
+
+
+def anchor(path: Path, data) -> str:
+    """GitHub's anchor of the section heading of ``path``."""
+    heading = f"{path.parent.name}/{path.name}"
+    if isinstance(data, dict):
+        heading += f": {data.get('benchmark', 'unknown benchmark')}"
+    text = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
+    return text.replace(" ", "-")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help="folder of <device>/*.json result files")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the report to write")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if the report or a plot is out of date")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    text, svgs = render(args.results, args.out)
+    expected = {args.out: text, **svgs}
+    if args.check:
+        stale = [path for path, content in expected.items()
+                 if not path.exists() or path.read_text() != content]
+        for path in stale:
+            print(f"out of date: {path}")
+        if stale:
+            print(f"run `{COMMAND}` to regenerate")
+            return 1
+        print(f"{args.out} is up to date")
+        return 0
+    for path, content in expected.items():
+        path.write_text(content)
+    print(f"wrote {args.out}" + (f" and {len(svgs)} plot(s)" if svgs else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""``bench.sweep`` in a small ``--quick`` grid on a tiny random checkpoint, and
+``bench.report`` on copies of the committed results plus that sweep."""
+
+import json
+import shutil
+import statistics
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from bench import report as bench_report
+from bench.common import fmt_rate
+from bench.sweep import main as sweep_main
+from tests.tiny_models import build_tiny_model, save_checkpoint
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+SVG = "{http://www.w3.org/2000/svg}"
+PROMPTS = ["count: 41 42 43", "the quick fox", "days: monday, tuesday"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The report bench.sweep returns and the path of the JSON it wrote."""
+    root = tmp_path_factory.mktemp("sweep")
+    checkpoint = save_checkpoint(build_tiny_model("qwen3", seed=0), root / "tiny")
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n\n")
+    report = sweep_main(["--model", str(checkpoint), "--quick", "--batch-sizes", "1", "4",
+                         "--max-new-tokens", "8", "--prompts", str(prompts),
+                         "--out-dir", str(root / "out")])
+    return report, root / "out" / "sweep_tiny.json"
+
+
+def expected_grid(params: dict) -> list[tuple]:
+    points = []
+    for batch in params["batch_sizes"]:
+        points.append(("ar", batch, None, None, None))
+        points += [(mode, batch, window, threshold, penalty)
+                   for window in params["windows"] for threshold in params["thresholds"]
+                   for penalty in params["penalties"] for mode in ("streaming", "blockwise")]
+    return points
+
+
+def test_sweep_json_holds_every_grid_point_once(sweep):
+    report, path = sweep
+    assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+    params = report["params"]
+    assert params["batch_sizes"] == [1, 4] and params["thresholds"] == [0.4, None]
+    points = [(c["mode"], c["batch"], c["window"], c["threshold"], c["penalty"])
+              for c in report["cases"]]
+    assert points == expected_grid(params)
+    assert report["prompts"] == PROMPTS
+    assert "CPU" in report["label"] and report["device"]["type"] == "cpu"
+    assert report["command"].startswith("python -m bench.sweep --model")
+    markdown = path.with_suffix(".md").read_text()
+    assert "CPU measurement" in markdown and report["date"] in markdown
+
+
+def test_each_batch_is_the_prompt_list_cycled_and_every_request_is_counted(sweep):
+    report, _ = sweep
+    for case in report["cases"]:
+        assert sum(case["finish_reasons"].values()) == case["batch"]
+        assert case["forwards_per_request"] == pytest.approx(case["forwards"] / case["batch"])
+        assert 0 < case["tokens"] <= case["batch"] * report["params"]["max_new_tokens"]
+
+
+def test_tokens_per_forward_and_p_cache_are_quotients_of_the_counts(sweep):
+    report, _ = sweep
+    for case in report["cases"]:
+        assert case["tokens_per_forward"] == pytest.approx(case["tokens"] / case["forwards"])
+        assert case["p_cache"] == pytest.approx(case["tokens"] / case["rows"])
+        if case["mode"] == "ar":
+            assert case["p_cache"] == 1.0 and case["tokens_per_forward"] == 1.0
+        else:
+            # every token is fed as a mask at least once, and all but a finishing run are fed
+            # again as filled tokens (ALGORITHM.md section 4), so rows exceed tokens
+            assert case["p_cache"] < 1.0
+
+
+def test_speedup_is_the_tokens_per_second_ratio_to_ar_at_the_same_batch(sweep):
+    report, _ = sweep
+    ar = {c["batch"]: c for c in report["cases"] if c["mode"] == "ar"}
+    for case in report["cases"]:
+        wall = case["wall_seconds"]
+        assert len(wall["samples"]) == report["params"]["repeats"]
+        assert wall["median"] == statistics.median(wall["samples"])
+        assert case["tokens_per_second"] == pytest.approx(case["tokens"] / wall["median"])
+        assert case["speedup_over_ar"] == pytest.approx(
+            case["tokens_per_second"] / ar[case["batch"]]["tokens_per_second"])
+
+
+def test_sweep_plot_is_well_formed_svg_with_one_series_per_mode(sweep):
+    report, path = sweep
+    root = ElementTree.parse(path.with_suffix(".svg")).getroot()
+    assert root.tag == f"{SVG}svg"
+    series = [g for g in root.iter(f"{SVG}g") if g.get("class") == "series"]
+    assert sorted(g.get("data-mode") for g in series) == ["ar", "blockwise", "streaming"]
+    largest = max(report["params"]["batch_sizes"])
+    for group in series:
+        mode = group.get("data-mode")
+        points = [c for c in report["cases"] if c["mode"] == mode and c["batch"] == largest]
+        if mode == "ar":  # a flat line per metric panel
+            assert len(group.findall(f"{SVG}line")) == 2 * len(report["params"]["windows"])
+        else:  # a marker per threshold, window and metric (tokens / forward, p_cache)
+            assert len(group.findall(f"{SVG}circle")) == 2 * len(points)
+
+
+def a_figure(data: dict) -> str:
+    """One figure of a result file, formatted the way the report formats it."""
+    if data.get("benchmark") == "bench.sweep":
+        return f"{data['cases'][0]['tokens_per_forward']:.2f}"
+    if data.get("benchmark") == "bench.decoder_cpu":
+        return f"{data['cases'][0]['ratios']['reference_forward_over_generator_step']:.4g}"
+    if "copy_bandwidth" in data:
+        return f"{fmt_rate(data['copy_bandwidth']['gb_per_s'])} GB/s"
+    raise AssertionError(f"no figure known for {data.get('benchmark')}")
+
+
+def first_timed_case(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("timings"), dict):
+            return node
+        node = list(node.values())
+    if isinstance(node, list):
+        for value in node:
+            found = first_timed_case(value)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.fixture
+def results_copy(sweep, tmp_path):
+    """A results folder: the committed result files plus the sweep's JSON."""
+    results = tmp_path / "results"
+    for path in RESULTS.glob("*/*"):
+        if path.suffix in (".json", ".png", ".md"):
+            (results / path.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, results / path.parent.name / path.name)
+    (results / "cpu").mkdir(parents=True, exist_ok=True)
+    shutil.copy(sweep[1], results / "cpu" / "sweep_tiny.json")
+    return results
+
+
+def test_report_shows_each_file_with_its_date_command_and_figures(results_copy, tmp_path):
+    out = tmp_path / "REPORT.md"
+    assert bench_report.main(["--results", str(results_copy), "--out", str(out)]) == 0
+    text = out.read_text()
+    files = sorted(results_copy.glob("*/*.json"))
+    assert {"decoder_cpu.json", "sweep_tiny.json"} <= {p.name for p in files}
+    for path in files:
+        data = json.loads(path.read_text())
+        assert f"## {path.parent.name}/{path.name}" in text
+        assert data["date"] in text and f"`{data['command']}`" in text
+        assert a_figure(data) in text, path
+        case = first_timed_case(data)
+        if case is not None:  # an op benchmark: a median time and its speed-ups
+            modes = next(iter(case["timings"].values()))
+            mode, timing = next(iter(modes.items()))
+            assert f"| {timing['median_us']:.1f} |" in text
+            for by_mode in case.get("speedup", {}).values():
+                if by_mode.get(mode) is not None:
+                    assert f"| {by_mode[mode]:.2f}× |" in text
+    if any(p.parent.name != "cpu" for p in files):
+        assert "**GPU measurement**" in text
+    assert "**CPU measurement**" in text
+    sweep = json.loads((results_copy / "cpu" / "sweep_tiny.json").read_text())
+    for case in sweep["cases"]:
+        assert f"| {case['tokens_per_second']:.1f} | {case['speedup_over_ar']:.2f}× |" in text
+    svg = results_copy / "cpu" / "sweep_tiny.svg"
+    ElementTree.parse(svg)
+    assert "](results/cpu/sweep_tiny.svg)" in text
+    for png in results_copy.glob("*/*.png"):
+        assert f"](results/{png.parent.name}/{png.name})" in text
+
+
+def test_unknown_shapes_fall_back_to_a_key_value_table(tmp_path):
+    results = tmp_path / "results" / "somewhere"
+    results.mkdir(parents=True)
+    (results / "odd.json").write_text(json.dumps(
+        {"benchmark": "odd", "date": "2001-02-03", "command": "python -m odd",
+         "figures": {"latency_ms": 1.25, "sizes": [1, 2]}}))
+    (results / "timed_badly.json").write_text(json.dumps(
+        {"benchmark": "bad", "date": "2001-02-04", "cases": [{"timings": {"x": "oops"}}]}))
+    (results / "a_list.json").write_text("[1, 2, 3]")
+    (results / "broken.json").write_text("{not json")
+    out = tmp_path / "REPORT.md"
+    assert bench_report.main(["--results", str(tmp_path / "results"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| figures.latency_ms | 1.25 |" in text and "| figures.sizes | [1, 2] |" in text
+    assert "2001-02-03" in text and "`python -m odd`" in text
+    assert "2001-02-04" in text and "layout not recognised" in text
+    assert "## somewhere/a_list.json" in text and "## somewhere/broken.json" in text
+    assert "JSONDecodeError" in text
+
+
+def test_check_fails_when_the_report_or_a_plot_is_stale(results_copy, tmp_path):
+    out = tmp_path / "REPORT.md"
+    args = ["--results", str(results_copy), "--out", str(out)]
+    assert bench_report.main(args + ["--check"]) == 1  # nothing written yet
+    assert bench_report.main(args) == 0
+    assert bench_report.main(args + ["--check"]) == 0
+    fresh = out.read_text()
+    out.write_text(fresh.replace("|", "!", 1))
+    assert bench_report.main(args + ["--check"]) == 1
+    out.write_text(fresh)
+    svg = results_copy / "cpu" / "sweep_tiny.svg"
+    svg.write_text(svg.read_text() + "<!-- edited -->\n")
+    assert bench_report.main(args + ["--check"]) == 1
+    assert bench_report.main(args) == 0
+    sweep = results_copy / "cpu" / "sweep_tiny.json"
+    data = json.loads(sweep.read_text())
+    data["cases"][0]["tokens_per_second"] *= 2
+    sweep.write_text(json.dumps(data))
+    assert bench_report.main(args + ["--check"]) == 1
+
+
+def test_the_committed_report_is_up_to_date_with_the_committed_results():
+    assert bench_report.main(["--check"]) == 0, "run `python -m bench.report`"

@@ -143,7 +143,7 @@ def pattern_document(rng: random.Random, length: int) -> str:
                          "days", "months", "numbers", "repeat", "repeat", "repeat"])
     if family == "count":
         step = rng.choice([1, 1, 2, 5, 10])
-        start = rng.randrange(0, 1000) // step * step
+        start = int(10 ** rng.uniform(0, 3)) // step * step  # log-uniform in [1, 1000)
         header = "count: " if step == 1 else f"count by {step}: "
         body, n = [], start
         while len(header) + sum(len(b) + 1 for b in body) < length:
@@ -390,7 +390,7 @@ def wedlm_loss(model: TinyQwen3, tokens: torch.Tensor, block: int, attention_mas
 
 @dataclass
 class TrainConfig:
-    steps: int = 4000
+    steps: int = 3600
     batch_size: int = 16
     seq_len: int = 128
     block: int = 16  # masked-stream block size (the decode window of the demo)

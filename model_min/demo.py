@@ -148,6 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=_threshold, default=0.4,
                         help="entropy threshold in nats, or 'none' for one token per step")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (the tiny model's matrices are too small to "
+                        "gain from more, and extra threads collide with other jobs)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
@@ -162,13 +165,16 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"error: --device {args.device}, but no CUDA device is available", file=sys.stderr)
         return 1
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, args.threads))
     prompts = tuple(args.prompt) if args.prompt else DEMO_PROMPTS
     progress = Progress(len(prompts) * len(RUNS))
     try:
         model = load_model(args.model, device=device)
         generator = Generator(model, window=args.window, max_batch=1,
                               tokenizer=load_tokenizer(args.model))
-        print(f"model_min demo: {args.model} on {device}, window {args.window}, threshold "
+        threads = f" ({torch.get_num_threads()} thread(s))" if device.type == "cpu" else ""
+        print(f"model_min demo: {args.model} on {device}{threads}, window {args.window}, threshold "
               f"{args.threshold}, penalty {PENALTY}, greedy, up to {args.max_new_tokens} new tokens")
         data = run_demo(generator, prompts, args.max_new_tokens, args.threshold,
                         on_run=None if args.no_progress else progress)

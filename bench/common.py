@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 NO_GPU_MESSAGE = "no CUDA GPU present: GPU benchmarks skipped"
+CPU_LABEL = "CPU only (no GPU); every figure is a CPU measurement"  # results label
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
 
 

@@ -48,12 +48,12 @@ import torch
 import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from bench.common import CPU_LABEL
 from model_min import Generator, SamplingParams, load_model
 from reference.decoder import Params, decode
 from tests.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu" / "decoder_cpu.json"
-CPU_LABEL = "CPU only (no GPU); every figure is a CPU measurement"
 
 # Mixed prompt lengths (2, 7, 12, 24 tokens); every id < 31 so they fit both vocabularies.
 PROMPTS = [

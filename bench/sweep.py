@@ -42,12 +42,12 @@ import torch
 from bench import common
 from bench.report import sweep_markdown, sweep_svg
 from model_min import Generator, SamplingParams, load_model, load_tokenizer
+from model_min.generator import parse_threshold
 from model_min.loader import checkpoint_files
 
 DEFAULT_MODEL = "model_min/tiny_wedlm"
 WINDOW_MODES = ("streaming", "blockwise")
 MODES = (*WINDOW_MODES, "ar")
-CPU_LABEL = "CPU only (no GPU); every figure is a CPU measurement"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SEED = 0
 PAGE_SIZE = 16
@@ -108,10 +108,6 @@ METHODS = {
         "points)."
     ),
 }
-
-
-def parse_threshold(text: str) -> float | None:
-    return None if text.lower() == "none" else float(text)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -206,7 +202,7 @@ def describe_model(path: str, model) -> dict:
 
 def machine(device: torch.device) -> dict:
     return {
-        "label": CPU_LABEL if device.type == "cpu" else f"GPU measurement on "
+        "label": common.CPU_LABEL if device.type == "cpu" else f"GPU measurement on "
                  f"{torch.cuda.get_device_name(device)}",
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),

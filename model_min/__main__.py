@@ -14,16 +14,12 @@ import time
 import torch
 
 from . import demo
-from .generator import MODES, Generator, SamplingParams
+from .generator import MODES, Generator, SamplingParams, parse_threshold
 from .loader import load_model
 from .tokenizer import chat_prompt, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
-def _threshold(text: str):
-    return None if text.lower() == "none" else float(text)
 
 
 def _ids(text: str) -> list[int]:
@@ -41,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap --prompt in the Qwen chat template")
     gen.add_argument("--mode", choices=MODES, default="streaming")
     gen.add_argument("--window", type=int, default=16)
-    gen.add_argument("--threshold", type=_threshold, default=0.4,
+    gen.add_argument("--threshold", type=parse_threshold, default=0.4,
                      help="entropy threshold in nats, or 'none' for one token per step")
     gen.add_argument("--penalty", type=float, default=0.02)
     gen.add_argument("--temperature", type=float, default=0.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .generator import Generator, SamplingParams
+from .generator import Generator, SamplingParams, parse_threshold
 from .loader import load_model
 from .tokenizer import load_tokenizer
 
@@ -134,10 +134,6 @@ class Progress:
             self.stream.flush()
 
 
-def _threshold(text: str) -> float | None:
-    return None if text.lower() == "none" else float(text)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEMO_MODEL_DIR,
                         help="checkpoint directory with tokenizer.json (default: the shipped one)")
@@ -145,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "default prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--threshold", type=_threshold, default=0.4,
+    parser.add_argument("--threshold", type=parse_threshold, default=0.4,
                         help="entropy threshold in nats, or 'none' for one token per step")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=1,

@@ -63,6 +63,12 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
 
 
+def parse_threshold(text: str) -> float | None:
+    """A command line's entropy threshold: a number in nats, or ``none`` (one token per
+    step, ``SamplingParams.threshold = None``)."""
+    return None if text.lower() == "none" else float(text)
+
+
 @dataclass
 class Result:
     token_ids: list[int]

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wedlm_kernels as wk
@@ -19,11 +19,18 @@ from tests.select_inputs import (
     DECISION_MARGIN,
     batch,
     choose_thresholds,
+    dyadic_probabilities_are_exact,
+    dyadic_top_p_cases,
+    exact_threshold_batch,
+    greedy_tile_tie_batch,
     i32,
     one_sequence,
     random_logits,
+    sampled_tie_batch,
+    top_p_sampling_batch,
 )
 from wedlm_kernels import _validate
+from wedlm_kernels.ops import select as select_ops
 
 INF = float("inf")
 NAN = float("nan")
@@ -182,6 +189,8 @@ def test_matches_reference_on_random_batches(data):
         assert token[r] == 0 and not selected[r] and entropy[r] == 0, r
 
 
+# the smallest vocabulary; top-k 1 on ties (several entries at the maximum); a top-k on a
+# tie group with top-p about to cut it; top-p so small only the maximum's tie group stays
 @given(
     case_seed=st.integers(0, 2**63 - 1),
     vocab=st.integers(2, 300),
@@ -190,6 +199,10 @@ def test_matches_reference_on_random_batches(data):
     temperature=st.sampled_from([0.3, 1.0, 4.0]),
     ties=st.booleans(),
 )
+@example(case_seed=0, vocab=2, top_k=1, top_p=1.0, temperature=1.0, ties=False)
+@example(case_seed=1, vocab=300, top_k=1, top_p=1.0, temperature=4.0, ties=True)
+@example(case_seed=2, vocab=17, top_k=12, top_p=0.6, temperature=0.3, ties=True)
+@example(case_seed=3, vocab=64, top_k=0, top_p=0.01, temperature=4.0, ties=True)
 def test_sampled_tokens_stay_inside_the_kept_set(case_seed, vocab, top_k, top_p,
                                                  temperature, ties):
     """64 positions of one row: every token is kept by top-k (checked from its definition)
@@ -462,6 +475,46 @@ def test_threshold_is_strict():
     _, selected, _ = wk.select_tokens(*one_sequence(
         [[0.0, 0.0], [0.0, 0.0], [4.0, 0.0]], [0, 1, 2], threshold=h))
     assert selected.tolist() == [False, False, True]
+
+
+def test_rows_exactly_at_their_threshold_are_not_selected():
+    args, expected_selected, hot = exact_threshold_batch()
+    token, selected, entropy = wk.select_tokens(*args)
+    assert entropy.tolist() == [0.0] * len(hot)  # point masses: the adjusted values are exact
+    assert selected.tolist() == expected_selected
+    assert token.tolist() == hot
+
+
+@pytest.mark.parametrize("case", range(len(dyadic_top_p_cases())))
+def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
+    row, top_p, kept = dyadic_top_p_cases()[case]
+    assert dyadic_probabilities_are_exact(row)
+    assert {v for v, k in enumerate(ref.kept_tokens(torch.tensor(row), 0, top_p)) if k} == kept
+    token, _, _ = wk.select_tokens(*top_p_sampling_batch(row, top_p))
+    assert set(token.tolist()) == kept
+
+
+def test_greedy_ties_far_apart_take_the_first_index():
+    args, expected = greedy_tile_tie_batch(
+        12293, [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)])
+    token, _, _ = wk.select_tokens(*args)
+    assert token.tolist() == expected
+
+
+def _pytorch_gumbel(seed, position, indices):
+    noise = select_ops.philox_gumbel(torch.tensor([seed]), torch.tensor([position]),
+                                     max(indices) + 1)
+    return noise[0, list(indices)].tolist()
+
+
+@pytest.mark.parametrize("vocab,indices,top_k", [
+    (3000, (5, 1031), 0), (3000, (1023, 1024), 0), (3000, (40, 1500, 2999), 3),
+    (9000, (10, 4100, 8300), 0),
+])
+def test_sampled_ties_take_the_first_index(vocab, indices, top_k):
+    args, expected = sampled_tie_batch(vocab, indices, _pytorch_gumbel, top_k=top_k)
+    token, _, _ = wk.select_tokens(*args)
+    assert token.tolist() == expected
 
 
 @given(case_seed=st.integers(0, 2**63 - 1), num_seqs=st.integers(1, 5))

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reference import philox
@@ -24,9 +24,15 @@ from tests.select_inputs import (
     DECISION_MARGIN,
     batch,
     choose_thresholds,
+    dyadic_probabilities_are_exact,
+    dyadic_top_p_cases,
+    exact_threshold_batch,
+    greedy_tile_tie_batch,
     i64,
     one_sequence,
     random_logits,
+    sampled_tie_batch,
+    top_p_sampling_batch,
 )
 from wedlm_kernels.ops import select as select_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
@@ -267,6 +273,10 @@ def test_vocabulary_split_changes_no_token_or_selection(data):
     top_p=st.sampled_from([1.0, 0.95, 0.6, 0.2, 0.01, 0.0]),
     kind=st.sampled_from(["normal", "ties", "signed zeros", "minus inf"]),
 )
+@example(case_seed=0, vocab=2, top_k=1, top_p=1.0, kind="ties")
+@example(case_seed=1, vocab=600, top_k=12, top_p=0.0, kind="signed zeros")
+@example(case_seed=2, vocab=97, top_k=3, top_p=0.6, kind="minus inf")
+@example(case_seed=3, vocab=300, top_k=0, top_p=0.2, kind="ties")
 def test_sampling_floor_is_exactly_the_top_k_and_top_p_cutoff(case_seed, vocab, top_k, top_p,
                                                             kind):
     """At a huge temperature the floor of a sampling row is max(k-th largest value, top-p
@@ -309,6 +319,7 @@ def test_philox_stream_at_zero_is_the_random123_known_answer():
     seeds=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=6),
     positions=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=6),
 )
+@example(seeds=[-(2**63), -1, 0, 2**63 - 1], positions=[0, 2**32 - 1, 2**32, 2**63 - 1])
 def test_philox_words_and_gumbel_noise_equal_the_reference_stream(seeds, positions):
     triples = [(s, p, v) for s in seeds for p in positions
                for v in (0, 1, 151935, 2**31 - 1, *range(7, 40, 5))]
@@ -405,6 +416,69 @@ def test_sampled_tokens_follow_the_filtered_softmax_on_gpu():
     # half of the (untempered) mass strictly above them: 2.0, then the tie at 1.5
     _assert_follows_filtered_softmax([2.0, 1.5, 1.5, 0.8, 0.3, -1.0, NAN], temperature=0.7,
                                      top_k=4, top_p=0.5, count=20000, kept_count=3)
+
+
+# ----------------------------------------------------------------------------------------
+# Exact decisions (the same cases as the op tests, tests/select_inputs.py): a strict
+# comparison at equality, and ties between tiles and between vocabulary splits
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_rows_exactly_at_their_threshold_are_not_selected(num_splits):
+    args, expected_selected, hot = exact_threshold_batch()
+    token, selected, entropy, _ = run_kernel(args, num_splits)
+    assert entropy.tolist() == [0.0] * len(hot)  # point masses: the adjusted values are exact
+    assert selected.tolist() == expected_selected
+    assert token.tolist() == hot
+
+
+@pytest.mark.parametrize("case", range(len(dyadic_top_p_cases())))
+def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
+    row, top_p, kept = dyadic_top_p_cases()[case]
+    assert dyadic_probabilities_are_exact(row)
+    assert {v for v, k in enumerate(ref.kept_tokens(torch.tensor(row), 0, top_p)) if k} == kept
+    token, _, _, workspace = run_kernel(top_p_sampling_batch(row, top_p, count=32))
+    assert set(token.tolist()) == kept
+    floors = workspace.floor.cpu()
+    assert (floors == floors[0]).all()
+    assert {v for v, x in enumerate(row) if x >= float(floors[0])} == kept
+
+
+# vocabulary 3 * 4096 + 5: four 4096-entry greedy tiles, the last one partial
+_GREEDY_TIE_VOCAB = 12293
+_GREEDY_TIE_PAIRS = [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4, None])
+def test_greedy_tie_between_tiles_or_splits_takes_the_first_index(num_splits):
+    """1 split: four tiles in one program; 2: two tiles per program; 4: one tile each."""
+    args, expected = greedy_tile_tie_batch(_GREEDY_TIE_VOCAB, _GREEDY_TIE_PAIRS)
+    token, _, _, _ = run_kernel(args, num_splits)
+    assert token.tolist() == expected
+
+
+def _kernel_gumbel(seed, position, indices):
+    count = len(indices)
+    _, noise = philox_gumbel_triton(i64(*[seed] * count).to(DEVICE),
+                                    i64(*[position] * count).to(DEVICE),
+                                    i64(*indices).to(DEVICE))
+    return noise.cpu().tolist()
+
+
+@pytest.mark.parametrize("vocab,indices,num_splits,top_k", [
+    (3000, (5, 1031), 1, 0),            # 1024-entry sampling tiles 0 and 1 of one program
+    (3000, (1023, 1024), 1, 0),         # adjacent entries across a tile boundary
+    (3000, (40, 1500, 2999), 1, 3),     # three tiles, top-k keeping exactly the tied three
+    (9000, (10, 4100, 8300), 3, 0),     # three programs (4096-entry splits)
+    (9000, (4097, 8191), 2, 0),         # tiles 0 and 3 of the second of two programs
+])
+def test_sampled_tie_between_tiles_or_splits_takes_the_first_index(vocab, indices, num_splits,
+                                                                   top_k):
+    args, expected = sampled_tie_batch(vocab, indices, _kernel_gumbel, top_k=top_k)
+    assert split_plan(3, vocab, torch.device(DEVICE), num_splits)[0] == num_splits
+    token, _, _, _ = run_kernel(args, num_splits)
+    assert token.tolist() == expected
 
 
 # ----------------------------------------------------------------------------------------
@@ -561,29 +635,6 @@ def test_row_strided_logits_give_the_results_of_contiguous_ones():
         expected = run_kernel(batch(strided.contiguous(), *params))
         for a, e in zip(actual[:3], expected[:3]):
             assert torch.equal(a, e), dtype
-
-
-def test_logits_beyond_2_31_elements_use_int64_offsets():
-    """Two rows 2^31 elements apart (a view into a reserved, mostly untouched fp16 buffer):
-    the second row's element offsets only fit in int64."""
-    vocab = 300
-    try:
-        storage = torch.empty(2**31 + vocab, dtype=torch.float16, device=DEVICE)
-    except (RuntimeError, MemoryError):
-        pytest.skip("cannot reserve 2^31 fp16 elements")
-    far_logits = storage.as_strided((2, vocab), (2**31, 1))
-    g = torch.Generator().manual_seed(5)
-    values = (torch.randn(2, vocab, generator=g) * 2).half()
-    far_logits.copy_(values.to(DEVICE))
-    storage[vocab: 2 * vocab] = float("nan")  # where a wrapped 32-bit offset would land
-    args = batch(values, [0, 2], [7, 8], [0.8], [5], [0.9], [INF], [0.0], [21])
-    token, selected, entropy = select_tokens_triton(
-        far_logits, *(a.to(DEVICE) for a in args[1:]))
-    expected_token, expected_selected, expected_entropy = select_tokens_torch(*args)
-    assert torch.equal(token.cpu(), expected_token)
-    assert torch.equal(selected.cpu(), expected_selected)
-    torch.testing.assert_close(entropy.cpu(), expected_entropy, rtol=ENTROPY_RTOL,
-                               atol=ENTROPY_ATOL)
 
 
 def test_launcher_returns_fresh_outputs_and_leaves_inputs_unchanged():

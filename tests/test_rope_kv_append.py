@@ -5,11 +5,12 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import rope as ref
+from tests.rope_inputs import eps_dominated_case
 from wedlm_kernels import _validate
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -92,6 +93,12 @@ def _written_slots(slot_mapping, num_slots):
     theta=st.sampled_from([10000.0, 1e6]),
     seed=st.integers(0, 2**31 - 1),
 )
+@example(dtype=torch.float32, cache_dtype=torch.float32, head_dim=8, kv_heads=1, group=1,
+         num_tokens=0, page_size=1, layout="contiguous", use_q_norm=False, use_k_norm=False,
+         dropped=[], bad_positions=[], theta=10000.0, seed=0)
+@example(dtype=torch.bfloat16, cache_dtype=torch.float16, head_dim=256, kv_heads=2, group=8,
+         num_tokens=9, page_size=3, layout="fused", use_q_norm=True, use_k_norm=True,
+         dropped=[-1, "end", "far"], bad_positions=[-1, "max_pos"], theta=1e6, seed=1)
 def test_matches_reference_and_writes_only_valid_slots(
     dtype, cache_dtype, head_dim, kv_heads, group, num_tokens, page_size, layout,
     use_q_norm, use_k_norm, dropped, bad_positions, theta, seed,
@@ -204,6 +211,17 @@ def test_norm_weights_apply_rms_norm_then_rope(which):
     k_written = k_cache.view(4, 2, head_dim)[[3, 0, 1]]
     torch.testing.assert_close(k_written.double(), k_expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(v_cache.view(4, 2, head_dim)[[3, 0, 1]], v)
+
+
+def test_rms_norm_eps_is_added_to_the_mean_square_of_q_and_k():
+    """Inputs of about 1e-3 with eps = 1e-2: the result is decided by eps."""
+    args, q_expected, k_expected = eps_dominated_case()
+    q_out = wk.rope_kv_append(*args)
+    k_cache = args[5]
+    tokens, kv_heads, head_dim = k_expected.shape
+    k_written = k_cache.view(-1, kv_heads, head_dim)[:tokens]
+    torch.testing.assert_close(q_out.double(), q_expected, rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(k_written.double(), k_expected, rtol=2e-5, atol=1e-7)
 
 
 def test_qk_norm_before_rope_matches_hugging_face_qwen3():

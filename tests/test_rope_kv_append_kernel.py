@@ -8,12 +8,14 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import rope as ref
+from tests.int64_checks import rope_kv_append_cache
 from tests.kernel_harness import guarded
+from tests.rope_inputs import eps_dominated_case
 from wedlm_kernels.ops import rope as rope_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
 from wedlm_kernels.ops.rope import (
@@ -125,6 +127,13 @@ def _written_slots(slot_mapping, num_slots):
     wide_table=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
+@example(dtype=torch.float32, cache_dtype=torch.float32, head_dim=8, kv_heads=1, group=1,
+         num_tokens=1, page_size=1, layout="contiguous", q_norm_kind=None, k_norm_kind=None,
+         dropped=[], bad_positions=[], strided_indices=False, wide_table=False, seed=0)
+@example(dtype=torch.float16, cache_dtype=torch.float32, head_dim=80, kv_heads=3, group=3,
+         num_tokens=6, page_size=5, layout="fused", q_norm_kind="other", k_norm_kind="fp32",
+         dropped=[-1, "end", "far"], bad_positions=[-1, "max_pos"], strided_indices=True,
+         wide_table=True, seed=1)
 def test_kernel_matches_reference_and_pytorch_and_writes_only_valid_slots(
     dtype, cache_dtype, head_dim, kv_heads, group, num_tokens, page_size, layout, q_norm_kind,
     k_norm_kind, dropped, bad_positions, strided_indices, wide_table, seed,
@@ -224,6 +233,18 @@ def test_rms_norm_by_hand_before_rotation_at_position_zero():
     )
     torch.testing.assert_close(q_out[0, 0].cpu(), torch.tensor([1.2, 3.2, 0.0, 0.0]))
     assert torch.equal(k_cache[0, 0, 0], q[0, 0])  # no k norm: k written as is
+
+
+def test_rms_norm_eps_is_added_to_the_mean_square_of_q_and_k():
+    """Inputs of about 1e-3 with eps = 1e-2: the result is decided by eps."""
+    args, q_expected, k_expected = eps_dominated_case(DEVICE)
+    q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm, k_norm, eps = args
+    q_out, k_cache, _ = _run_kernel_guarded(q, k, v, positions, cos_sin, (k_cache, v_cache),
+                                            slots, q_norm, k_norm, eps)
+    tokens, kv_heads, head_dim = k_expected.shape
+    k_written = k_cache.view(-1, kv_heads, head_dim)[:tokens]
+    torch.testing.assert_close(q_out.cpu().double(), q_expected, rtol=2e-5, atol=1e-7)
+    torch.testing.assert_close(k_written.cpu().double(), k_expected, rtol=2e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("bad_position", [-1, 16, 10**12, -(2**62)])
@@ -326,54 +347,6 @@ def test_zero_tokens_return_an_empty_q_and_write_nothing():
         torch.empty(0, dtype=torch.int64, device=DEVICE),
     )
     assert q_out.shape == (0, 2, 8) and torch.equal(k_cache, before)
-
-
-def _check_cache_beyond_2_31_elements(device, kv_heads, head_dim, page_size):
-    """Write into the last slots of an fp16 cache of more than 2^31 elements: their element
-    offsets (slot * Hkv * D) only fit in int64. Only the touched rows are compared."""
-    row = kv_heads * head_dim
-    first_far_slot = 2**31 // row  # offset >= 2^31 - row, the next slots beyond 2^31
-    num_pages = (first_far_slot + 3) // page_size + 1
-    try:
-        caches = [
-            torch.empty(num_pages, page_size, kv_heads, head_dim, dtype=torch.float16,
-                        device=device)
-            for _ in range(2)
-        ]
-    except (RuntimeError, MemoryError):
-        pytest.skip("cannot reserve two caches of 2^31 fp16 elements")
-    k_cache, v_cache = caches
-    num_slots = num_pages * page_size
-    assert k_cache.numel() > 2**31
-    slots = torch.tensor([num_slots - 1, first_far_slot + 1, 5, first_far_slot], device=device)
-    neighbours = torch.tensor([num_slots - 2, first_far_slot + 2, 4, 6], device=device)
-    assert not set(slots.tolist()) & set(neighbours.tolist())
-    flat_k, flat_v = k_cache.view(num_slots, row), v_cache.view(num_slots, row)
-    for flat in (flat_k, flat_v):
-        flat[slots] = 0.0
-        flat[neighbours] = 7.0
-    g = torch.Generator().manual_seed(9)
-    q, k, v = (
-        torch.randn(4, heads, head_dim, generator=g).half().to(device)
-        for heads in (kv_heads, kv_heads, kv_heads)
-    )
-    positions = torch.tensor([1, 2, 3, 4], device=device)
-    cos_sin = wk.rope_cache(8, head_dim, 1e4, device)
-    rope_kv_append_triton(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
-    small_caches = [torch.zeros(4, 1, kv_heads, head_dim, dtype=torch.float16, device=device)
-                    for _ in range(2)]
-    rope_kv_append_torch(
-        q, k, v, positions, cos_sin, *small_caches, torch.arange(4, device=device)
-    )
-    _assert_close(flat_k[slots], small_caches[0].view(4, row), torch.float16)
-    assert torch.equal(flat_v[slots], v.reshape(4, row))
-    assert (flat_k[neighbours] == 7.0).all() and (flat_v[neighbours] == 7.0).all()
-
-
-def test_cache_offsets_beyond_2_31_elements_are_int64():
-    # On the CPU the two 4 GiB caches are reserved but never touched except for the rows the
-    # test writes, so they cost a few MiB of real memory.
-    _check_cache_beyond_2_31_elements(DEVICE, kv_heads=1, head_dim=8, page_size=3)
 
 
 class _RecordingKernel:
@@ -543,4 +516,4 @@ def test_qwen3_cache_beyond_2_31_elements_on_gpu():
     free, _ = torch.cuda.mem_get_info()
     if free < 10 * 2**30:
         pytest.skip("needs 10 GiB of free GPU memory for two caches of 2^31 fp16 elements")
-    _check_cache_beyond_2_31_elements("cuda", kv_heads=8, head_dim=128, page_size=16)
+    rope_kv_append_cache("cuda", kv_heads=8, head_dim=128, page_size=16)

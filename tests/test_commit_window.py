@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wedlm_kernels as wk
@@ -130,6 +130,9 @@ def run_both(args):
     window=st.integers(1, 8),
     blockwise=st.booleans(),
 )
+@example(seed=0, batch=0, window=1, blockwise=False)
+@example(seed=1, batch=1, window=1, blockwise=True)
+@example(seed=2, batch=5, window=8, blockwise=True)
 def test_matches_reference_on_random_states(seed, batch, window, blockwise):
     args = random_commit_case(seed, batch, window, blockwise)
     op_args, ref_args = run_both(args)
@@ -403,6 +406,8 @@ def _admit(rng, batch, window, vocab):
     window=st.integers(1, 6),
     blockwise=st.booleans(),
 )
+@example(seed=0, batch=1, window=1, blockwise=False)
+@example(seed=1, batch=4, window=6, blockwise=True)
 def test_random_decode_matches_reference_every_step_and_stays_consistent(
     seed, batch, window, blockwise
 ):

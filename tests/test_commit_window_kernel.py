@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference.window import commit_window as commit_reference
@@ -107,6 +107,9 @@ def assert_states_equal(actual, expected, label):
     blockwise=st.booleans(),
     strided=st.booleans(),
 )
+@example(seed=0, batch=0, window=1, blockwise=False, strided=False)
+@example(seed=1, batch=1, window=1, blockwise=True, strided=True)
+@example(seed=2, batch=4, window=6, blockwise=True, strided=False)
 def test_kernel_matches_reference_and_torch_on_random_states(
     seed, batch, window, blockwise, strided
 ):
@@ -277,6 +280,8 @@ def _admit(rng, batch, window):
     page_size=st.sampled_from([1, 3, 5, 16]),
     blockwise=st.booleans(),
 )
+@example(seed=0, batch=1, window=1, page_size=1, blockwise=False)
+@example(seed=1, batch=3, window=4, page_size=16, blockwise=True)
 def test_multi_step_decode_matches_reference_after_every_step(
     seed, batch, window, page_size, blockwise
 ):

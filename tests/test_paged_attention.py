@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wedlm_kernels as wk
@@ -88,6 +88,12 @@ def _lengths(values):
     strided_q=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
+@example(dtype=torch.float32, head_dim=8, kv_heads=1, group=1, page_size=1, rows=1,
+         sequences=[("zero", "one", 0)], extra_pages=0, unused_entries="minus_one",
+         strided_q=False, seed=0)
+@example(dtype=torch.float16, head_dim=128, kv_heads=2, group=8, page_size=64, rows=6,
+         sequences=[("boundary", "all", 2), ("boundary-1", "over", 5), ("any", "negative", 9)],
+         extra_pages=2, unused_entries="garbage", strided_q=True, seed=1)
 def test_matches_reference(
     dtype, head_dim, kv_heads, group, page_size, rows, sequences, extra_pages, unused_entries,
     strided_q, seed,

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference import attention as ref
@@ -116,6 +116,17 @@ def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
     strided_q=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
+# the smallest case; a page-boundary context with the largest GQA group, split-KV and small
+# key tiles; a window whose q_len is past S next to one whose q_len is negative
+@example(dtype=torch.float32, head_dim=16, heads=(1, 1), page_size=4, rows=1,
+         sequences=[("zero", "one", 0)], extra_pages=0, num_splits=None, block_n=None,
+         strided_q=False, seed=0)
+@example(dtype=torch.float16, head_dim=80, heads=(1, 8), page_size=16, rows=7,
+         sequences=[("boundary", "all", 2)], extra_pages=2, num_splits=3, block_n=16,
+         strided_q=True, seed=1)
+@example(dtype=torch.float32, head_dim=64, heads=(2, 4), page_size=4, rows=5,
+         sequences=[("boundary-1", "over", 1), ("any", "negative", 7)], extra_pages=1,
+         num_splits=2, block_n=None, strided_q=False, seed=2)
 def test_kernel_matches_reference_and_pytorch(
     dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, block_n,
     strided_q, seed,

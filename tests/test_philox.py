@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference import philox
@@ -99,6 +99,8 @@ def test_numpy_and_torch_philox_match_scalar_on_random_counters_and_keys(counter
     ),
     vocab_size=st.integers(1, 300),
 )
+@example(seeds=[-(2**63), -1, 0, 2**63 - 1], positions=[0, 2**32 - 1, 2**32, 2**63 - 1],
+         vocab_size=1)
 def test_torch_stream_matches_reference_bit_for_bit(seeds, positions, vocab_size):
     """Negative seeds (two's complement key), seeds and positions above 2**32 included."""
     rows = min(len(seeds), len(positions))
@@ -170,6 +172,8 @@ def test_fp32_gumbel_matches_float64_including_the_extreme_words():
 
 
 @given(seed=int64, position=st.integers(0, 2**63 - 1), vocab_size=st.integers(1, 500))
+@example(seed=-1, position=2**32 - 1, vocab_size=1)
+@example(seed=2**63 - 1, position=2**63 - 1, vocab_size=500)
 def test_philox_gumbel_matches_reference_gumbel(seed, position, vocab_size):
     actual = select_ops.philox_gumbel(torch.tensor([seed]), torch.tensor([position]), vocab_size)
     expected = torch.from_numpy(philox.gumbel(seed, position, vocab_size))

@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference import philox
@@ -383,6 +383,10 @@ def leading_filled_run(win_mask: list[bool]) -> int:
     temperature=st.sampled_from([0.0, 1.0]),
     seed=st.integers(0, 2**31 - 1),
 )
+@example(mode="streaming", max_new_tokens=1, window=1, threshold=None, temperature=0.0, seed=0)
+@example(mode="blockwise", max_new_tokens=12, window=6, threshold=math.inf, temperature=1.0,
+         seed=1)
+@example(mode="streaming", max_new_tokens=12, window=5, threshold=2.0, temperature=1.0, seed=2)
 def test_decode_rules_and_metrics_hold(
     tiny, mode, max_new_tokens, window, threshold, temperature, seed
 ):

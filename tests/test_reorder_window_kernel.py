@@ -5,7 +5,7 @@ inputs) are marked ``cuda``."""
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference.window import reorder_window as reorder_reference
@@ -75,6 +75,9 @@ def assert_outputs_equal(actual, expected, label):
     page_size=st.integers(1, 17),
     strided=st.booleans(),
 )
+@example(seed=0, batch=0, window=1, page_size=1, strided=False)
+@example(seed=1, batch=1, window=1, page_size=1, strided=True)
+@example(seed=2, batch=4, window=8, page_size=17, strided=False)
 def test_kernel_matches_reference_and_torch_on_random_windows(
     seed, batch, window, page_size, strided
 ):

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-import wedlm_kernels as wk
 from wedlm_kernels import _library
 
 
@@ -35,17 +34,31 @@ def test_backend_is_read_once_at_import(backend):
     assert (interpret == "1") == (name == "interpret")
 
 
-@pytest.mark.parametrize("name", sorted(_library.OPS))
-def test_ops_without_a_kernel_run_the_pytorch_implementation(name):
-    module, _ = _library.OPS[name]
-    if _library.triton_launcher(name) is not None:
-        pytest.skip("op has a Triton kernel")
-    for device_type in ("cpu", "cuda"):
-        assert _library.kernel_for(name, device_type) is getattr(module, f"{name}_torch")
+# backend -> the implementation each op runs for (CPU tensors, CUDA tensors)
+EXPECTED_IMPLEMENTATIONS = {
+    "auto": ("torch", "triton"),
+    "torch": ("torch", "torch"),
+    "interpret": ("triton", "triton"),
+}
 
 
-def test_cpu_tensors_use_pytorch_unless_interpreting():
-    for name in _library.OPS:
-        module, _ = _library.OPS[name]
-        if wk.BACKEND != "interpret":
-            assert _library.kernel_for(name, "cpu") is getattr(module, f"{name}_torch")
+@pytest.mark.parametrize("backend", sorted(EXPECTED_IMPLEMENTATIONS))
+def test_every_op_runs_the_implementation_its_backend_names(backend):
+    """Each op has a Triton launcher and a PyTorch implementation; the backend decides which
+    one serves CPU and CUDA tensors (read in a fresh process: the switch is read at import)."""
+    env = dict(os.environ, WEDLM_KERNELS_BACKEND=backend)
+    env.pop("TRITON_INTERPRET", None)
+    code = (
+        "from wedlm_kernels import _library\n"
+        "for name, (module, _) in sorted(_library.OPS.items()):\n"
+        "    launcher = _library.triton_launcher(name)\n"
+        "    assert launcher is not None, name\n"
+        "    kinds = {launcher: 'triton', getattr(module, name + '_torch'): 'torch'}\n"
+        "    print(name, kinds[_library.kernel_for(name, 'cpu')],"
+        " kinds[_library.kernel_for(name, 'cuda')])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    table = {line.split()[0]: tuple(line.split()[1:]) for line in result.stdout.splitlines()}
+    assert table == {name: EXPECTED_IMPLEMENTATIONS[backend] for name in _library.OPS}

@@ -7,6 +7,7 @@ token-for-token tests must still pass.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,18 @@ def _run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+def _outcomes(stdout: str) -> dict[str, int]:
+    """The counts of pytest's summary line (``3 passed, 2 deselected in 1.2s``)."""
+    summary = stdout.strip().splitlines()[-1]
+    return {kind: int(count) for count, kind in re.findall(r"(\d+) (\w+)", summary)
+            if kind not in ("warning", "warnings")}
+
+
+def test_outcomes_parse_the_summary_line():
+    assert _outcomes("..\n13 passed, 1 skipped, 7 deselected, 2 warnings in 3.10s\n") == {
+        "passed": 13, "skipped": 1, "deselected": 7}
 
 
 def test_interpret_backend_dispatches_cpu_tensors_to_the_triton_launchers():
@@ -51,10 +64,14 @@ def test_opcheck_compile_and_decoder_pass_on_the_triton_path():
         "tests/test_custom_ops.py", "-k", f"({selection}) and not traces",
     ])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    # opcheck and torch.compile for every op with a kernel, nothing skipped
+    assert _outcomes(result.stdout).get("passed") == 2 * len(KERNEL_OPS), result.stdout[-2000:]
+    assert "skipped" not in _outcomes(result.stdout), result.stdout[-2000:]
     result = _run([
         "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "tests/test_model_min_generator.py", "tests/test_model_min_logits.py",
         "-k", f"({decoder}) or (test_window_logits_equal_hf and qwen3 and not sharded)",
     ])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "3 passed" in result.stdout, result.stdout[-2000:]
+    outcomes = _outcomes(result.stdout)
+    assert outcomes.get("passed") == 3 and "skipped" not in outcomes, result.stdout[-2000:]

@@ -327,11 +327,21 @@ class Generator:
     def _poll(self, state, owners, results, emitted, on_tokens):
         """Hand back finished requests, free their pages, compact the batch."""
         finished = state.finished.tolist()
+        forwards = state.forwards.tolist()
+        for i, request in enumerate(owners):
+            # A correct step fills at least one mask per forward and commits every filled
+            # run at the next one, so no request needs more than 2 * max_new + 2 forwards;
+            # past that the step makes no progress and would loop forever.
+            if request is not None and not finished[i] and forwards[i] > 2 * request.max_new + 2:
+                raise RuntimeError(
+                    f"request {request.index} is unfinished after {forwards[i]} decode forwards "
+                    f"for max_new_tokens={request.max_new}: the decode step makes no progress"
+                )
         done = [i for i, r in enumerate(owners) if r is not None and finished[i]]
         if on_tokens is not None or done:
             out_len = state.out_len.tolist()
             out_tokens = state.out_tokens.tolist()
-            forwards, rows = state.forwards.tolist(), state.rows.tolist()
+            rows = state.rows.tolist()
         if on_tokens is not None:
             for i, request in enumerate(owners):
                 if request is None:

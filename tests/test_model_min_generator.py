@@ -131,6 +131,22 @@ def test_pages_are_given_back_when_decoding_fails(tiny, monkeypatch):
     assert len(generator.cache.free_pages) == generator.cache.num_pages
 
 
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_a_step_that_makes_no_progress_raises_instead_of_looping(tiny, mode, monkeypatch):
+    """A decode step that never commits (here: the forward counter advances, nothing else
+    does) is reported after 2 * max_new + 2 forwards, and the pages are given back."""
+    _, model = tiny
+    generator = Generator(model, window=4, page_size=4)
+
+    def stuck_step(state, mode=None):
+        state.forwards += ~state.finished
+
+    monkeypatch.setattr(generator, "_step", stuck_step)
+    with pytest.raises(RuntimeError, match="after 1[3-6] decode forwards.*no progress"):
+        generator.generate(PROMPTS[:2], SamplingParams(max_new_tokens=5), mode=mode)
+    assert len(generator.cache.free_pages) == generator.cache.num_pages
+
+
 def test_ar_mode_equals_hf_greedy_generate(tiny):
     hf, model = tiny
     generator = Generator(model, window=4, page_size=4)

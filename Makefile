@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo tour bench lint
+.PHONY: install test demo tour bench lint mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ tour: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.decoder_cpu
 	$(PY) -m bench.ops_window
+
+# plants each bug of tests/mutations.py in a copy of the tree and runs its tests (not in CI)
+mutation: $(STAMP)
+	$(PY) -m tests.mutations
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wedlm_kernels reference model_min tests examples bench

@@ -1,0 +1,496 @@
+"""Mutation check: does the suite catch small, plausible bugs?
+
+Each entry of ``MUTATIONS`` plants one bug (a few exact text edits in one file) in a
+temporary copy of the repository and runs the test files that should notice it. A mutation
+is *killed* when those tests fail, and *survives* when they pass: a survivor is a hole in the
+suite. The list spans the five ops (their PyTorch implementations and their Triton kernels,
+the latter through Triton's interpreter), the reference decoder and ``model_min``'s decode
+step. Entries that pin a specific edge case select the one test written for it (``-k``), so
+the check also shows that this named test is what catches the bug.
+
+Before the mutations run, the selected tests must pass on an unmodified copy (otherwise a
+failure would say nothing about the mutation). Every edit's text must occur exactly once in
+its file, so a mutation that no longer applies (the code changed) is an error, not a silent
+pass; ``tests/test_mutations.py`` checks that on every CI run.
+
+Usage::
+
+    make mutation                           # all of them, two at a time
+    python -m tests.mutations --list        # names, files and selected tests
+    python -m tests.mutations NAME [NAME ...] [--jobs N] [--no-stop]
+
+It prints one line per mutation and a summary; the exit status is 1 if any mutation
+survived or could not be run.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One planted bug: ``edits`` are ``(old, new)`` replacements in ``path`` (each ``old``
+    occurs exactly once there); ``tests`` are pytest arguments (files or node ids), narrowed
+    by ``keyword`` (pytest ``-k``) when given."""
+
+    name: str
+    path: str
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+    bug: str
+    keyword: str = ""
+
+    def apply(self, text: str) -> str:
+        for old, new in self.edits:
+            count = text.count(old)
+            if count != 1:
+                raise ValueError(f"{self.name}: {old!r} occurs {count} times in {self.path}")
+            text = text.replace(old, new)
+        return text
+
+    def pytest_args(self) -> list[str]:
+        return [*self.tests, *(["-k", self.keyword] if self.keyword else [])]
+
+
+SELECT = "wedlm_kernels/ops/select.py"
+ROPE = "wedlm_kernels/ops/rope.py"
+ATTENTION = "wedlm_kernels/ops/attention.py"
+REORDER = "wedlm_kernels/ops/reorder.py"
+COMMIT = "wedlm_kernels/ops/commit.py"
+SELECT_TESTS = ("tests/test_select_tokens.py",)
+SELECT_KERNEL_TESTS = ("tests/test_select_tokens_kernel.py",)
+INT64_TESTS = ("tests/test_int64_offsets.py",)
+ROPE_TESTS = ("tests/test_rope_kv_append.py",)
+ROPE_KERNEL_TESTS = ("tests/test_rope_kv_append_kernel.py",)
+ATTENTION_TESTS = ("tests/test_paged_attention.py",)
+ATTENTION_KERNEL_TESTS = ("tests/test_paged_attention_kernel.py",)
+REORDER_TESTS = ("tests/test_reorder_window.py",)
+REORDER_KERNEL_TESTS = ("tests/test_reorder_window_kernel.py",)
+COMMIT_TESTS = ("tests/test_commit_window.py",)
+COMMIT_KERNEL_TESTS = ("tests/test_commit_window_kernel.py",)
+DECODER_TESTS = ("tests/test_reference_decoder.py",)
+MODEL_MIN_TESTS = ("tests/test_model_min_generator.py", "tests/test_model_min_logits.py")
+
+MUTATIONS: list[Mutation] = [
+    # ------------------------------------------------------------ select_tokens, PyTorch
+    Mutation(
+        "select-torch-threshold-not-strict", SELECT,
+        (("passes = valid & (adjusted < row_threshold)",
+          "passes = valid & (adjusted <= row_threshold)"),),
+        SELECT_TESTS, "a row exactly at its threshold is selected",
+        keyword="exactly_at_their_threshold",
+    ),
+    Mutation(
+        "select-torch-top-p-not-strict", SELECT,
+        (("(mass_above < top_p_row)", "(mass_above <= top_p_row)"),),
+        SELECT_TESTS, "top-p keeps a token whose mass above equals top_p",
+        keyword="mass_above_equals_top_p",
+    ),
+    Mutation(
+        "select-torch-greedy-last-index", SELECT,
+        (("greedy_token = torch.argmax(x, dim=-1)",
+          "greedy_token = vocab_size - 1 - torch.argmax(x.flip(-1), dim=-1)"),),
+        SELECT_TESTS, "greedy takes the last index of the maximum",
+    ),
+    Mutation(
+        "select-torch-top-k-drops-ties", SELECT,
+        (("kept = ~top_k_on | (x >= kth_value)", "kept = ~top_k_on | (x > kth_value)"),),
+        SELECT_TESTS, "top-k drops the k-th largest value and its ties",
+    ),
+    Mutation(
+        "select-torch-tempered-top-p", SELECT,
+        (("sorted_weight = torch.exp(sorted_kept - safe_max)",
+          "sorted_weight = torch.exp((sorted_kept - safe_max) / temperature.unsqueeze(-1))"),),
+        SELECT_TESTS, "top-p on the tempered instead of the untempered distribution",
+    ),
+    Mutation(
+        "select-torch-penalty-sign", SELECT,
+        (("adjusted = entropy + row_penalty * distance",
+          "adjusted = entropy - row_penalty * distance"),),
+        SELECT_TESTS, "the distance penalty lowers the adjusted entropy",
+    ),
+    # ------------------------------------------------------------ select_tokens, kernels
+    Mutation(
+        "select-kernel-threshold-not-strict", SELECT,
+        (("passes = valid & (adjusted < threshold)", "passes = valid & (adjusted <= threshold)"),),
+        SELECT_KERNEL_TESTS, "a row exactly at its threshold is selected",
+        keyword="exactly_at_their_threshold",
+    ),
+    Mutation(
+        "select-kernel-top-p-not-strict", SELECT,
+        (("passing = tl.sum((above < limit).to(tl.int64), axis=0)",
+          "passing = tl.sum((above <= limit).to(tl.int64), axis=0)"),
+         ("tl.where(tl.sum(above_low, axis=0) < limit, low_key, v_key)",
+          "tl.where(tl.sum(above_low, axis=0) <= limit, low_key, v_key)")),
+        SELECT_KERNEL_TESTS, "the top-p search keeps a token whose mass above equals top_p",
+        keyword="mass_above_equals_top_p",
+    ),
+    Mutation(
+        "select-kernel-greedy-tile-tie-later-wins", SELECT,
+        (("if block_max > best:  # greedy", "if block_max >= best:  # greedy"),),
+        SELECT_KERNEL_TESTS, "a later 4096-entry tile wins a greedy tie",
+        keyword="greedy_tie_between_tiles",
+    ),
+    Mutation(
+        "select-kernel-sampled-tile-tie-later-wins", SELECT,
+        (("if block_best > best:  # strictly", "if block_best >= best:  # strictly"),),
+        SELECT_KERNEL_TESTS, "a later 1024-entry tile wins a tie of Gumbel scores",
+        keyword="sampled_tie_between_tiles",
+    ),
+    Mutation(
+        "select-kernel-split-tie-later-wins", SELECT,
+        (("token = tl.min(tl.where(part_best == best[:, None], part_best_index, _INDEX_NONE), "
+          "axis=1)",
+          "token = tl.max(tl.where(part_best == best[:, None], part_best_index, -1), axis=1)"),),
+        SELECT_KERNEL_TESTS, "merging the vocabulary splits, a later split wins a tie",
+        keyword="tie_between_tiles_or_splits",
+    ),
+    Mutation(
+        "select-kernel-filter-int32-row", SELECT,
+        (("row = tl.program_id(0).to(tl.int64)\n    position = tl.load(row_pos_ptr + row)",
+          "row = tl.program_id(0)\n    position = tl.load(row_pos_ptr + row)"),),
+        INT64_TESTS, "the filter kernel's row offset row * stride in int32",
+        keyword="select_tokens",
+    ),
+    Mutation(
+        "select-kernel-partials-int32-row", SELECT,
+        (("row = tl.program_id(0).to(tl.int64)\n    split = tl.program_id(1)",
+          "row = tl.program_id(0)\n    split = tl.program_id(1)"),),
+        INT64_TESTS, "the one-pass kernel's row offset row * stride in int32",
+        keyword="select_tokens",
+    ),
+    Mutation(
+        "select-kernel-top-k-drops-ties", SELECT,
+        (("passing = tl.sum((counts >= top_k).to(tl.int64), axis=0)",
+          "passing = tl.sum((counts > top_k).to(tl.int64), axis=0)"),),
+        SELECT_KERNEL_TESTS, "the top-k search stops above the k-th largest value",
+    ),
+    Mutation(
+        "select-kernel-entropy-not-rescaled", SELECT,
+        (("run_gap = scale * (run_gap + tl.maximum(shift, -1e30) * run_sum)",
+          "run_gap = scale * run_gap"),),
+        SELECT_KERNEL_TESTS, "the entropy sum is not shifted when a later tile raises the max",
+    ),
+    # ------------------------------------------------------------ rope_kv_append, PyTorch
+    Mutation(
+        "rope-torch-eps-dropped", ROPE,
+        (("torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)",
+          "torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True))"),),
+        ROPE_TESTS, "RMSNorm without eps", keyword="eps_is_added",
+    ),
+    Mutation(
+        "rope-torch-rotation-sign", ROPE,
+        (("x2 * cos + x1 * sin], dim=-1)", "x2 * cos - x1 * sin], dim=-1)"),),
+        ROPE_TESTS, "the second half rotates the wrong way",
+    ),
+    Mutation(
+        "rope-torch-v-not-poisoned", ROPE,
+        (("v_written = torch.where(position_valid[:, None, None], v.float(), math.nan)",
+          "v_written = v.float()"),),
+        ROPE_TESTS, "an out-of-range position writes a plausible v",
+    ),
+    # ------------------------------------------------------------ rope_kv_append, kernel
+    Mutation(
+        "rope-kernel-q-eps-dropped", ROPE,
+        (("/ head_dim + eps\n            )[:, None]\n            weight1 = tl.load(q_norm_weight_ptr",
+          "/ head_dim\n            )[:, None]\n            weight1 = tl.load(q_norm_weight_ptr"),),
+        ROPE_KERNEL_TESTS, "q's RMSNorm without eps", keyword="eps_is_added",
+    ),
+    Mutation(
+        "rope-kernel-k-eps-dropped", ROPE,
+        (("/ head_dim + eps\n            )[:, None]\n            weight1 = tl.load(k_norm_weight_ptr",
+          "/ head_dim\n            )[:, None]\n            weight1 = tl.load(k_norm_weight_ptr"),),
+        ROPE_KERNEL_TESTS, "k's RMSNorm without eps", keyword="eps_is_added",
+    ),
+    Mutation(
+        "rope-kernel-int32-cache-offsets", ROPE,
+        (("slot = tl.load(slot_mapping_ptr + token * slot_mapping_stride)",
+          "slot = tl.load(slot_mapping_ptr + token * slot_mapping_stride).to(tl.int32)"),
+         ("heads = ((head_group - q_groups) * HEADS_PER_PROGRAM + head_offsets).to(tl.int64)",
+          "heads = (head_group - q_groups) * HEADS_PER_PROGRAM + head_offsets")),
+        INT64_TESTS, "cache offsets (slot * Hkv + head) * D in int32", keyword="rope",
+    ),
+    Mutation(
+        "rope-kernel-k-written-unrotated", ROPE,
+        (("tl.store(k_cache_ptr + cache_offsets, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)",
+          "tl.store(k_cache_ptr + cache_offsets, x1.to(k_cache_ptr.dtype.element_ty), mask=mask)"),),
+        ROPE_KERNEL_TESTS, "the first half of k is cached without the rotation",
+    ),
+    # ------------------------------------------------------------ paged_attention, PyTorch
+    Mutation(
+        "attention-torch-causal-off-by-one", ATTENTION,
+        (("visible = key_pos[None, None, :] <= last_visible[:, :, None]",
+          "visible = key_pos[None, None, :] < last_visible[:, :, None]"),),
+        ATTENTION_TESTS, "a row does not see its own key",
+    ),
+    Mutation(
+        "attention-torch-gqa-interleaved", ATTENTION,
+        (("query = q.float().reshape(batch, rows, kv_heads, group, head_dim)",
+          "query = q.float().reshape(batch, rows, group, kv_heads, head_dim).transpose(2, 3)"),),
+        ATTENTION_TESTS, "query head h reads KV head h % Hkv instead of h // G",
+    ),
+    # ------------------------------------------------------------ paged_attention, kernels
+    Mutation(
+        "attention-kernel-int32-slot-full-tiles", ATTENTION,
+        (("covered = (page >= 0) & (page < num_pages)\n"
+          "        slot = tl.where(covered, page, 0).to(tl.int64) * page_size",
+          "covered = (page >= 0) & (page < num_pages)\n"
+          "        slot = tl.where(covered, page, 0) * page_size"),),
+        INT64_TESTS, "cache offsets in int32 in the loop over keys every row sees",
+        keyword="paged_attention",
+    ),
+    Mutation(
+        "attention-kernel-int32-slot-diagonal-tiles", ATTENTION,
+        (("covered = in_range & (page >= 0) & (page < num_pages)\n"
+          "        slot = tl.where(covered, page, 0).to(tl.int64) * page_size",
+          "covered = in_range & (page >= 0) & (page < num_pages)\n"
+          "        slot = tl.where(covered, page, 0) * page_size"),),
+        INT64_TESTS, "cache offsets in int32 in the masked loop", keyword="paged_attention",
+    ),
+    Mutation(
+        "attention-kernel-causal-off-by-one", ATTENTION,
+        (("visible = (keys[None, :] <= last_key[:, None]) & in_range[None, :]",
+          "visible = (keys[None, :] < last_key[:, None]) & in_range[None, :]"),),
+        ATTENTION_KERNEL_TESTS, "a row does not see its own key",
+    ),
+    Mutation(
+        "attention-kernel-combine-natural-exp", ATTENTION,
+        (("weight = tl.exp2(lse - lse_ref)", "weight = tl.exp(lse - lse_ref)"),),
+        ATTENTION_KERNEL_TESTS, "split-KV partials merged in base e (their lse is base 2)",
+    ),
+    Mutation(
+        "attention-kernel-no-rescale", ATTENTION,
+        (('acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")',
+          'acc = acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")'),),
+        ATTENTION_KERNEL_TESTS, "the online softmax does not rescale the accumulator",
+    ),
+    # ------------------------------------------------------------ reorder_window
+    Mutation(
+        "reorder-torch-physical-rope-positions", REORDER,
+        (("positions = ctx + torch.where(live, order, 0)",
+          "positions = ctx + torch.where(live, slot, 0)"),),
+        REORDER_TESTS, "RoPE at the physical row instead of the logical position",
+    ),
+    Mutation(
+        "reorder-torch-kv-at-logical-position", REORDER,
+        (("physical = ctx + slot\n", "physical = ctx + torch.where(live, order, slot)\n"),),
+        REORDER_TESTS, "K/V written at the logical instead of the physical position",
+    ),
+    Mutation(
+        "reorder-kernel-physical-rope-positions", REORDER,
+        (("tl.store(positions_ptr + scatter,", "tl.store(positions_ptr + row_base + slot64,"),),
+        REORDER_KERNEL_TESTS, "positions not permuted with the rows",
+    ),
+    Mutation(
+        "reorder-kernel-page-index-unchecked", REORDER,
+        (("in_table = live & (physical >= 0) & (page_index < pages)",
+          "in_table = live & (physical >= 0)"),),
+        REORDER_KERNEL_TESTS, "a position past the page table reads beyond its row",
+    ),
+    # ------------------------------------------------------------ commit_window
+    Mutation(
+        "commit-torch-stop-token-not-emitted", COMMIT,
+        (("stops_before = torch.cumsum(is_stop.to(torch.int64), dim=1) - is_stop.to(torch.int64)",
+          "stops_before = torch.cumsum(is_stop.to(torch.int64), dim=1)"),),
+        COMMIT_TESTS, "a stop token ends the run without being emitted",
+    ),
+    Mutation(
+        "commit-torch-refill-past-limit", COMMIT,
+        (("refilled = torch.minimum(live_len + eff, limit - length).clamp(max=slots)",
+          "refilled = (live_len + eff).clamp(max=slots)"),),
+        COMMIT_TESTS, "the window grows past prompt_len + max_new",
+    ),
+    Mutation(
+        "commit-kernel-blockwise-partial-block", COMMIT,
+        (("eff = tl.where(blockwise != 0, tl.where(run >= block, block, 0), run)",
+          "eff = tl.where(blockwise != 0, tl.minimum(run, block), run)"),),
+        COMMIT_KERNEL_TESTS, "block-wise commits a partially filled block",
+    ),
+    Mutation(
+        "commit-kernel-fill-overwrites-filled-slots", COMMIT,
+        (("write = hit & is_mask\n", "write = hit\n"),),
+        COMMIT_KERNEL_TESTS, "a selected row overwrites a slot that is already filled",
+    ),
+    # ------------------------------------------------------------ the reference decoder
+    Mutation(
+        "reference-decoder-refill-one", "reference/decoder.py",
+        (("new_len = min(len(slots) + run, limit - len(out), 2 * window)",
+          "new_len = min(len(slots) + 1, limit - len(out), 2 * window)"),),
+        DECODER_TESTS, "the window is refilled by one mask instead of the leading run",
+    ),
+    Mutation(
+        "reference-decoder-slot-before-shift", "reference/decoder.py",
+        (("slot = position - new_ctx_len", "slot = position - ctx_len"),),
+        DECODER_TESTS, "sampled tokens land in their slot before the commit shift",
+    ),
+    # ------------------------------------------------------------ model_min's decode step
+    Mutation(
+        "model-min-mask-rows-at-physical-positions", "model_min/generator.py",
+        (("s.ctx_len[:, None].long() + order.gather(1, physical).long()",
+          "s.ctx_len[:, None].long() + physical"),),
+        MODEL_MIN_TESTS, "mask rows predict their physical instead of logical position",
+    ),
+    Mutation(
+        "model-min-rows-count-padding", "model_min/generator.py",
+        (("s.rows += torch.where(live, s.win_len, 0)", "s.rows += torch.where(live, capacity, 0)"),),
+        MODEL_MIN_TESTS, "padding rows counted in p_cache",
+    ),
+    Mutation(
+        "model-min-forward-drops-attention-residual", "model_min/model.py",
+        (("x = x + F.linear(attention.reshape(batch * rows, -1), weights.o_weight, weights.o_bias)",
+          "x = F.linear(attention.reshape(batch * rows, -1), weights.o_weight, weights.o_bias)"),),
+        MODEL_MIN_TESTS, "the attention block loses its residual connection",
+    ),
+]
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "killed", "SURVIVED", "ERROR"
+    seconds: float
+    failing: list[str] = field(default_factory=list)
+    detail: str = ""
+
+
+def repository_files(root: Path = ROOT) -> list[str]:
+    """Tracked files and untracked files git does not ignore (the working tree's content)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    return [name for name in listed if name and (root / name).is_file()]
+
+
+def make_copy(destination: Path, root: Path = ROOT) -> Path:
+    for name in repository_files(root):
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+    return destination
+
+
+def _environment() -> dict[str, str]:
+    # no stale bytecode between mutations; hypothesis does not shrink failing examples
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="mutation")
+    env.pop("WEDLM_KERNELS_BACKEND", None)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_pytest(copy: Path, args: list[str], stop_at_first: bool) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+               *(["-x"] if stop_at_first else []), *args]
+    return subprocess.run(command, cwd=copy, env=_environment(), capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+
+
+def failing_tests(output: str) -> list[str]:
+    """The node ids pytest reports as failed; for a crashed run, the test that was running
+    (from the traceback Python's faulthandler prints)."""
+    failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
+    if failed:
+        return failed
+    frames = re.findall(r'File "[^"]*?(tests/test_\w+\.py)", line \d+ in (test_\w+)', output)
+    return [f"{path}::{name} (crashed)" for path, name in frames[:1]]
+
+
+def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> Outcome:
+    """Apply ``mutation`` to ``copy``, run its tests, restore the file."""
+    start = time.monotonic()
+    target = copy / mutation.path
+    original = target.read_text()
+    try:
+        target.write_text(mutation.apply(original))
+        done = run_pytest(copy, mutation.pytest_args(), stop_at_first)
+    except (ValueError, subprocess.TimeoutExpired) as error:
+        return Outcome(mutation.name, "ERROR", time.monotonic() - start, detail=str(error))
+    finally:
+        target.write_text(original)
+    seconds = time.monotonic() - start
+    output = done.stdout + done.stderr
+    if done.returncode == 0:
+        return Outcome(mutation.name, "SURVIVED", seconds)
+    if done.returncode in (1, 2) or done.returncode < 0:  # failures, or a crash
+        return Outcome(mutation.name, "killed", seconds, failing_tests(output),
+                       output.strip().splitlines()[-1] if output.strip() else "")
+    return Outcome(mutation.name, "ERROR", seconds,
+                   detail=f"pytest exit status {done.returncode}: {output[-1500:]}")
+
+
+def check_baseline(mutations: Iterable[Mutation], copy: Path) -> None:
+    """The selected tests pass on the unmodified copy (one run over their union)."""
+    files = sorted({test for mutation in mutations for test in mutation.tests})
+    done = run_pytest(copy, files, stop_at_first=False)
+    if done.returncode != 0:
+        raise SystemExit("the selected tests fail without any mutation:\n"
+                         + (done.stdout + done.stderr)[-4000:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--jobs", type=int, default=2, help="mutations run at once")
+    parser.add_argument("--no-stop", action="store_true",
+                        help="run every selected test (list all that kill a mutation)")
+    options = parser.parse_args(argv)
+    by_name = {mutation.name: mutation for mutation in MUTATIONS}
+    unknown = [name for name in options.names if name not in by_name]
+    if unknown:
+        parser.error(f"unknown mutations: {', '.join(unknown)}")
+    chosen = [by_name[name] for name in options.names] or MUTATIONS
+    if options.list:
+        for mutation in chosen:
+            print(f"{mutation.name}\n    {mutation.path}: {mutation.bug}\n"
+                  f"    pytest {' '.join(mutation.pytest_args())}")
+        return 0
+
+    start = time.monotonic()
+    jobs = max(1, min(options.jobs, len(chosen)))
+    with tempfile.TemporaryDirectory(prefix="wedlm-mutations-") as scratch:
+        copies = [make_copy(Path(scratch) / f"copy{index}") for index in range(jobs)]
+        print("baseline: the selected tests on an unmodified copy ...", flush=True)
+        check_baseline(chosen, copies[0])
+        free = list(copies)
+
+        def run(mutation: Mutation) -> Outcome:
+            copy = free.pop()
+            try:
+                outcome = run_mutation(mutation, copy, not options.no_stop)
+            finally:
+                free.append(copy)
+            killer = outcome.failing[0] if outcome.failing else outcome.detail
+            print(f"{outcome.status:9} {outcome.seconds:6.1f} s  {mutation.name:45} {killer}",
+                  flush=True)
+            return outcome
+
+        with ThreadPoolExecutor(jobs) as pool:
+            outcomes = list(pool.map(run, chosen))
+
+    survived = [o.name for o in outcomes if o.status == "SURVIVED"]
+    errors = [o.name for o in outcomes if o.status == "ERROR"]
+    killed = len(outcomes) - len(survived) - len(errors)
+    print(f"\n{killed} of {len(outcomes)} mutations killed in {time.monotonic() - start:.0f} s")
+    if survived:
+        print("survived: " + ", ".join(survived))
+    if errors:
+        print("could not run: " + ", ".join(errors))
+    return 1 if survived or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

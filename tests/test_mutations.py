@@ -1,0 +1,96 @@
+"""The mutation list of ``tests/mutations.py`` stays applicable and broad, and its harness
+tells a killed mutation from a surviving one. (Running every mutation takes about ten
+minutes: ``make mutation``.)"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mutations import MUTATIONS, ROOT, Mutation, make_copy, run_mutation
+
+OP_FILES = {
+    "reorder_window": "wedlm_kernels/ops/reorder.py",
+    "rope_kv_append": "wedlm_kernels/ops/rope.py",
+    "paged_attention": "wedlm_kernels/ops/attention.py",
+    "select_tokens": "wedlm_kernels/ops/select.py",
+    "commit_window": "wedlm_kernels/ops/commit.py",
+}
+
+
+def _in_triton_kernel(path: str, old: str) -> bool:
+    """Whether the text ``old`` of ``path`` lies inside a ``@triton.jit`` function."""
+    source = (ROOT / path).read_text()
+    line = source[: source.index(old)].count("\n") + 1
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.lineno <= line <= node.end_lineno:
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if ast.unparse(target) == "triton.jit":
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.name)
+def test_every_mutation_applies_exactly_once_and_changes_the_source(mutation):
+    source = (ROOT / mutation.path).read_text()
+    mutated = mutation.apply(source)  # raises unless each edit's text occurs exactly once
+    assert mutated != source
+    assert all(old != new for old, new in mutation.edits)
+
+
+def _collected_items(files: list[str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *files], cwd=ROOT, capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_mutation_names_are_unique_and_their_tests_exist():
+    names = [mutation.name for mutation in MUTATIONS]
+    assert len(names) == len(set(names))
+    for mutation in MUTATIONS:
+        assert mutation.tests and mutation.bug, mutation.name
+        for test in mutation.tests:
+            assert (ROOT / test.split("::")[0]).is_file(), (mutation.name, test)
+    # a keyword (a plain substring, as `pytest -k` matches it) selects at least one test
+    narrowed = [mutation for mutation in MUTATIONS if mutation.keyword]
+    items = _collected_items(sorted({test for m in narrowed for test in m.tests}))
+    for mutation in narrowed:
+        assert any(
+            item.split("::")[0] in mutation.tests
+            and mutation.keyword.lower() in item.split("::")[-1].lower()
+            for item in items
+        ), mutation.name
+
+
+def test_mutations_span_every_op_in_both_paths_the_reference_decoder_and_model_min():
+    assert len(MUTATIONS) >= 25
+    kinds = {(m.path, _in_triton_kernel(m.path, old)) for m in MUTATIONS for old, _ in m.edits}
+    for op, path in OP_FILES.items():
+        assert (path, False) in kinds, f"{op}: no mutation of the PyTorch implementation"
+        assert (path, True) in kinds, f"{op}: no mutation of a Triton kernel"
+    paths = {m.path for m in MUTATIONS}
+    assert "reference/decoder.py" in paths
+    assert "model_min/generator.py" in paths
+
+
+def test_the_harness_tells_a_killed_mutation_from_a_surviving_one(tmp_path: Path):
+    copy = make_copy(tmp_path / "copy")
+    planted = next(m for m in MUTATIONS if m.name == "select-torch-threshold-not-strict")
+    killed = run_mutation(planted, copy)
+    assert killed.status == "killed", killed
+    assert killed.failing == [
+        "tests/test_select_tokens.py::test_rows_exactly_at_their_threshold_are_not_selected"]
+    harmless = Mutation(
+        "comment-only", planted.path,
+        (("# Adjusted entropy: penalty", "# The adjusted entropy: penalty"),),
+        planted.tests, "changes a comment", keyword=planted.keyword,
+    )
+    survived = run_mutation(harmless, copy)
+    assert survived.status == "SURVIVED", survived
+    assert (copy / planted.path).read_text() == (ROOT / planted.path).read_text()

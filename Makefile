@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(PY) -m bench.decoder_cpu
 	$(PY) -m bench.ops_window
 
-# plants each bug of tests/mutations.py in a copy of the tree and runs its tests (not in CI)
+# plants each bug of tests/mutations.py in a copy of the tree and runs its tests (.ci/run too)
 mutation: $(STAMP)
 	$(PY) -m tests.mutations
 

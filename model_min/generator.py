@@ -326,12 +326,14 @@ class Generator:
 
     def _poll(self, state, owners, results, emitted, on_tokens):
         """Hand back finished requests, free their pages, compact the batch."""
-        finished = state.finished.tolist()
-        forwards = state.forwards.tolist()
+        # one transfer: finished flags and forward counters
+        finished, forwards = torch.stack([state.finished.long(), state.forwards]).tolist()
         for i, request in enumerate(owners):
-            # A correct step fills at least one mask per forward and commits every filled
-            # run at the next one, so no request needs more than 2 * max_new + 2 forwards;
-            # past that the step makes no progress and would loop forever.
+            # Each of the max_new positions is filled at most once and committed at most
+            # once, and every forward fills a mask (the selection always picks a valid mask
+            # row) or, with no mask left in the window, commits; so a correct step finishes
+            # a request within 2 * max_new forwards (docs/contracts.md). Past that (with a
+            # margin of 2) the step makes no progress and would loop forever.
             if request is not None and not finished[i] and forwards[i] > 2 * request.max_new + 2:
                 raise RuntimeError(
                     f"request {request.index} is unfinished after {forwards[i]} decode forwards "

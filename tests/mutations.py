@@ -395,25 +395,37 @@ def make_copy(destination: Path, root: Path = ROOT) -> Path:
     return destination
 
 
-def _environment() -> dict[str, str]:
-    # no stale bytecode between mutations; hypothesis does not shrink failing examples
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="mutation")
-    env.pop("WEDLM_KERNELS_BACKEND", None)
-    env.pop("PYTHONPATH", None)
+def _environment(copy: Path) -> dict[str, str]:
+    """The tests import the copy (first on the path, also for the subprocesses some tests
+    start), write no bytecode that a later mutation could reuse, and run hypothesis without
+    shrinking a failing example; nothing from the caller's pytest options leaks in."""
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1",
+               HYPOTHESIS_PROFILE="mutation")
+    for name in ("WEDLM_KERNELS_BACKEND", "PYTEST_ADDOPTS", "PYTHONSAFEPATH"):
+        env.pop(name, None)
     return env
 
 
 def run_pytest(copy: Path, args: list[str], stop_at_first: bool) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
                *(["-x"] if stop_at_first else []), *args]
-    return subprocess.run(command, cwd=copy, env=_environment(), capture_output=True,
+    return subprocess.run(command, cwd=copy, env=_environment(copy), capture_output=True,
                           text=True, timeout=TIMEOUT_S)
 
 
+def summary_counts(stdout: str) -> dict[str, int]:
+    """The counts of pytest's last line (``3 passed, 2 deselected in 1.2s``)."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return {}
+    return {kind: int(count) for count, kind in re.findall(r"(\d+) (\w+)", lines[-1])}
+
+
 def failing_tests(output: str) -> list[str]:
-    """The node ids pytest reports as failed; for a crashed run, the test that was running
-    (from the traceback Python's faulthandler prints)."""
-    failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
+    """The tests that failed or errored, as pytest reports them; for a run that crashed,
+    the test that was running (from the traceback Python's faulthandler prints). Collection
+    errors are not counted: they say the run broke, not that a test caught the bug."""
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", output, flags=re.MULTILINE)
     if failed:
         return failed
     frames = re.findall(r'File "[^"]*?(tests/test_\w+\.py)", line \d+ in (test_\w+)', output)
@@ -421,7 +433,10 @@ def failing_tests(output: str) -> list[str]:
 
 
 def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> Outcome:
-    """Apply ``mutation`` to ``copy``, run its tests, restore the file."""
+    """Apply ``mutation`` to ``copy``, run its tests, restore the file. Killed: a selected
+    test failed (or crashed the process); survived: the selected tests ran and passed;
+    anything else (nothing ran, every test skipped, a collection error, a timeout) is an
+    error of the check itself."""
     start = time.monotonic()
     target = copy / mutation.path
     original = target.read_text()
@@ -434,13 +449,14 @@ def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> 
         target.write_text(original)
     seconds = time.monotonic() - start
     output = done.stdout + done.stderr
-    if done.returncode == 0:
+    failing = failing_tests(output)
+    if failing:
+        return Outcome(mutation.name, "killed", seconds, failing)
+    if done.returncode == 0 and summary_counts(done.stdout).get("passed", 0) > 0:
         return Outcome(mutation.name, "SURVIVED", seconds)
-    if done.returncode in (1, 2) or done.returncode < 0:  # failures, or a crash
-        return Outcome(mutation.name, "killed", seconds, failing_tests(output),
-                       output.strip().splitlines()[-1] if output.strip() else "")
     return Outcome(mutation.name, "ERROR", seconds,
-                   detail=f"pytest exit status {done.returncode}: {output[-1500:]}")
+                   detail=f"pytest exit status {done.returncode}, no test failed: "
+                          + " | ".join(output.strip().splitlines()[-3:]))
 
 
 def check_baseline(mutations: Iterable[Mutation], copy: Path) -> None:

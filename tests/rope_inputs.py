@@ -24,8 +24,9 @@ def eps_dominated_case(device: str = "cpu", dtype: torch.dtype = torch.float32):
     rows = cos_sin[positions][:, None, :]
     q_expected = ref.apply_rope(ref.rms_norm(q, q_norm, eps), rows)
     k_expected = ref.apply_rope(ref.rms_norm(k, k_norm, eps), rows)
-    without_eps = ref.apply_rope(ref.rms_norm(q, q_norm, 1e-12), rows)
-    assert (without_eps.abs().amax() > 20 * q_expected.abs().amax()), "eps must dominate"
+    for x, weight, expected in ((q, q_norm, q_expected), (k, k_norm, k_expected)):
+        without_eps = ref.apply_rope(ref.rms_norm(x, weight, 1e-12), rows)
+        assert without_eps.abs().amax() > 20 * expected.abs().amax(), "eps must dominate"
     caches = [torch.zeros(2, 2, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
     args = tuple(
         t.to(device) for t in (q, k, v, positions, cos_sin, *caches, torch.arange(tokens))

@@ -149,7 +149,7 @@ def dyadic_top_p_cases():
     def step_up(value):
         return float(torch.nextafter(torch.tensor(value), torch.tensor(2.0)))
 
-    return [
+    cases = [
         (first, 0.5, {0}),
         (first, step_up(0.5), {0, 1, 2}),
         (second, 0.5, {1}),
@@ -157,11 +157,17 @@ def dyadic_top_p_cases():
         (second, 0.75, {1, 2}),
         (second, step_up(0.75), {0, 1, 2, 3}),
     ]
+    for row, top_p, kept in cases:  # the premises, checked where the tests run
+        assert dyadic_probabilities_are_exact(row), row
+        reference_kept = ref.kept_tokens(torch.tensor(row), 0, top_p)  # float64, no rounding
+        assert {v for v, k in enumerate(reference_kept) if k} == kept, (row, top_p)
+    return cases
 
 
 def dyadic_probabilities_are_exact(row) -> bool:
-    """Whether fp32 ``exp(x - max)`` of ``row`` gives exact powers of two (or 0): the
-    precondition of :func:`dyadic_top_p_cases` on this machine."""
+    """Whether torch's fp32 ``exp(x - max)`` of ``row`` gives exact powers of two (or 0) on
+    this machine, as :func:`dyadic_top_p_cases` needs. The kernel's ``exp`` is not checked
+    here; the kernel test checks its kept set (the sampling floor) directly."""
     x = torch.tensor(row, dtype=torch.float32)
     weight = torch.exp(x - x.max())
     exponent = torch.round(torch.log2(weight.double().clamp(min=1e-300)))
@@ -178,17 +184,23 @@ def top_p_sampling_batch(row, top_p, count=64, seed=5):
                  [INF], [0.0], [seed])
 
 
-def greedy_tile_tie_batch(vocab: int, pairs):
-    """One greedy row per ``(first, second)`` index pair: random logits below 10 with the
-    maximum 50 at both indices. The first index of the maximum must win, wherever the two
+# vocabulary 3 * 4096 + 5 (the kernel's greedy tiles hold 4096 entries: four tiles, the last
+# partial) and groups of tied maxima in different tiles, on tile boundaries, in one tile
+GREEDY_TIE_VOCAB = 12293
+GREEDY_TIE_GROUPS = [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)]
+
+
+def greedy_tile_tie_batch(vocab: int = GREEDY_TIE_VOCAB, index_groups=GREEDY_TIE_GROUPS):
+    """One greedy row per group of indices: random logits below 10 with the maximum 50 at
+    every index of the group. The first index of the maximum must win, wherever the tied
     entries fall (different tiles of one program, or different programs)."""
     g = torch.Generator().manual_seed(vocab)
-    logits = torch.randn(len(pairs), vocab, generator=g).clamp(-9.0, 9.0)
-    for r, indices in enumerate(pairs):
+    logits = torch.randn(len(index_groups), vocab, generator=g).clamp(-9.0, 9.0)
+    for r, indices in enumerate(index_groups):
         logits[r, list(indices)] = 50.0
-    args = batch(logits, [0, len(pairs)], [100 + r for r in range(len(pairs))], [0.0], [0],
-                 [1.0], [INF], [0.0], [0])
-    return args, [min(indices) for indices in pairs]
+    args = batch(logits, [0, len(index_groups)], [100 + r for r in range(len(index_groups))],
+                 [0.0], [0], [1.0], [INF], [0.0], [0])
+    return args, [min(indices) for indices in index_groups]
 
 
 def _fp32(value: float) -> torch.Tensor:
@@ -212,10 +224,11 @@ def sampled_tie_batch(vocab: int, indices, gumbel_of, top_k: int = 0):
     scores far below (logit -100). ``gumbel_of(seed, position, vocab_indices)`` returns the
     fp32 noise of the implementation under test. The first of ``indices`` must be sampled.
     Returns ``(args, expected_token)``."""
+    assert list(indices) == sorted(set(indices)), "distinct indices in increasing order"
     seed, rows, row_pos = 77, [], []
-    position = 500
-    while len(rows) < 3:
-        position += 1
+    for position in range(501, 601):  # a position is skipped when no exact tie exists
+        if len(rows) == 3:
+            break
         noise = [float(n) for n in gumbel_of(seed, position, list(indices))]
         logits = [-100.0] * vocab
         logits[indices[0]] = 0.0  # score g_first exactly
@@ -226,6 +239,7 @@ def sampled_tie_batch(vocab: int, indices, gumbel_of, top_k: int = 0):
             logits[index] = x
         rows.append(logits)
         row_pos.append(position)
+    assert len(rows) == 3, "no exact tie found at 100 positions"
     args = batch(torch.tensor(rows), [0, len(rows)], row_pos, [1.0], [top_k], [1.0], [INF],
                  [0.0], [seed])
     return args, [indices[0]] * len(rows)

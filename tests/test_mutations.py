@@ -94,7 +94,7 @@ def test_outside_a_git_checkout_the_copy_skips_environments_and_caches(tmp_path:
     assert sorted(repository_files(tmp_path)) == ["README.md", "pkg/a.py"]
 
 
-def test_the_harness_tells_a_killed_mutation_from_a_surviving_one(tmp_path: Path):
+def test_the_harness_tells_killed_survived_and_not_run_apart(tmp_path: Path):
     copy = make_copy(tmp_path / "copy")
     planted = next(m for m in MUTATIONS if m.name == "select-torch-threshold-not-strict")
     killed = run_mutation(planted, copy)
@@ -108,4 +108,7 @@ def test_the_harness_tells_a_killed_mutation_from_a_surviving_one(tmp_path: Path
     )
     survived = run_mutation(harmless, copy)
     assert survived.status == "SURVIVED", survived
+    selects_nothing = Mutation("selects-nothing", planted.path, planted.edits, planted.tests,
+                               "no test runs", keyword="no_test_is_named_like_this")
+    assert run_mutation(selects_nothing, copy).status == "ERROR"
     assert (copy / planted.path).read_text() == (ROOT / planted.path).read_text()

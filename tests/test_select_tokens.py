@@ -19,7 +19,6 @@ from tests.select_inputs import (
     DECISION_MARGIN,
     batch,
     choose_thresholds,
-    dyadic_probabilities_are_exact,
     dyadic_top_p_cases,
     exact_threshold_batch,
     greedy_tile_tie_batch,
@@ -488,15 +487,12 @@ def test_rows_exactly_at_their_threshold_are_not_selected():
 @pytest.mark.parametrize("case", range(len(dyadic_top_p_cases())))
 def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
     row, top_p, kept = dyadic_top_p_cases()[case]
-    assert dyadic_probabilities_are_exact(row)
-    assert {v for v, k in enumerate(ref.kept_tokens(torch.tensor(row), 0, top_p)) if k} == kept
     token, _, _ = wk.select_tokens(*top_p_sampling_batch(row, top_p))
     assert set(token.tolist()) == kept
 
 
 def test_greedy_ties_far_apart_take_the_first_index():
-    args, expected = greedy_tile_tie_batch(
-        12293, [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)])
+    args, expected = greedy_tile_tie_batch()
     token, _, _ = wk.select_tokens(*args)
     assert token.tolist() == expected
 

@@ -24,7 +24,6 @@ from tests.select_inputs import (
     DECISION_MARGIN,
     batch,
     choose_thresholds,
-    dyadic_probabilities_are_exact,
     dyadic_top_p_cases,
     exact_threshold_batch,
     greedy_tile_tie_batch,
@@ -436,8 +435,6 @@ def test_rows_exactly_at_their_threshold_are_not_selected(num_splits):
 @pytest.mark.parametrize("case", range(len(dyadic_top_p_cases())))
 def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
     row, top_p, kept = dyadic_top_p_cases()[case]
-    assert dyadic_probabilities_are_exact(row)
-    assert {v for v, k in enumerate(ref.kept_tokens(torch.tensor(row), 0, top_p)) if k} == kept
     token, _, _, workspace = run_kernel(top_p_sampling_batch(row, top_p, count=32))
     assert set(token.tolist()) == kept
     floors = workspace.floor.cpu()
@@ -445,15 +442,10 @@ def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
     assert {v for v, x in enumerate(row) if x >= float(floors[0])} == kept
 
 
-# vocabulary 3 * 4096 + 5: four 4096-entry greedy tiles, the last one partial
-_GREEDY_TIE_VOCAB = 12293
-_GREEDY_TIE_PAIRS = [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)]
-
-
 @pytest.mark.parametrize("num_splits", [1, 2, 4, None])
 def test_greedy_tie_between_tiles_or_splits_takes_the_first_index(num_splits):
     """1 split: four tiles in one program; 2: two tiles per program; 4: one tile each."""
-    args, expected = greedy_tile_tie_batch(_GREEDY_TIE_VOCAB, _GREEDY_TIE_PAIRS)
+    args, expected = greedy_tile_tie_batch()
     token, _, _, _ = run_kernel(args, num_splits)
     assert token.tolist() == expected
 
@@ -471,7 +463,7 @@ def _kernel_gumbel(seed, position, indices):
     (3000, (1023, 1024), 1, 0),         # adjacent entries across a tile boundary
     (3000, (40, 1500, 2999), 1, 3),     # three tiles, top-k keeping exactly the tied three
     (9000, (10, 4100, 8300), 3, 0),     # three programs (4096-entry splits)
-    (9000, (4097, 8191), 2, 0),         # tiles 0 and 3 of the second of two programs
+    (9000, (4097, 8191), 2, 0),         # tiles 4 and 7 of the first of two 8192-entry programs
 ])
 def test_sampled_tie_between_tiles_or_splits_takes_the_first_index(vocab, indices, num_splits,
                                                                    top_k):

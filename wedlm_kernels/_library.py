@@ -9,13 +9,15 @@ This is the one place where ops are registered. Each op family module in ``ops/`
   ``auto`` and ``interpret``) and for CPU tensors under the ``interpret`` backend.
 
 The public functions (``wedlm_kernels.<op>``) validate their arguments and then call
-``torch.ops.wedlm.<op>``.
+``_dispatch.call``: the implementation directly in plain eager mode, ``torch.ops.wedlm.<op>``
+wherever the dispatcher must see the call (``torch.compile``, fake tensors, ...).
 """
 
 from types import ModuleType
 
 import torch
 
+from . import _dispatch
 from ._backend import BACKEND
 from .ops import attention, commit, reorder, rope, select
 
@@ -60,6 +62,9 @@ def _register(name: str) -> torch.library.CustomOpDef:
         impl = kernel_for(name, device_type)
         if impl is not getattr(module, f"{name}_torch"):
             op.register_kernel(device_type, impl)
+    _dispatch.IMPLEMENTATIONS[name] = {
+        device_type: kernel_for(name, device_type) for device_type in ("cpu", "cuda")
+    }
     return op
 
 

@@ -8,6 +8,7 @@ Value checks that do need a synchronisation live in :func:`debug_check` and only
 ``WEDLM_KERNELS_DEBUG=1``.
 """
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -40,6 +41,24 @@ class Dims:
         self.bound_by[symbol] = owner
 
 
+@functools.cache
+def _compile_shape(shape: tuple) -> tuple[tuple[str | None, int], ...]:
+    """Per axis ``(symbol, offset)``: ``(None, size)`` for an exact size, ``(None, -1)`` for
+    any size, ``("B", 1)`` for ``"B+1"``. Parsed once per distinct shape spec."""
+    compiled = []
+    for spec in shape:
+        if spec is None:
+            compiled.append((None, -1))
+        elif isinstance(spec, int):
+            compiled.append((None, spec))
+        else:
+            match = _SYMBOL.match(spec)
+            if match is None:
+                raise AssertionError(f"bad shape spec {spec!r}")
+            compiled.append((match.group(1), int(match.group(2) or 0)))
+    return tuple(compiled)
+
+
 def check_tensor(
     name: str,
     t: object,
@@ -54,43 +73,43 @@ def check_tensor(
 
     ``shape`` entries: an int (exact size), ``None`` (any size), a symbol ``"B"`` bound in
     ``dims`` or a symbol with an offset ``"B+1"`` (the symbol must be bound already or
-    is bound from this size minus the offset).
+    is bound from this size minus the offset). A call costs about a microsecond: it runs on
+    every public op call.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
-        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
-        if t.dtype not in allowed:
+        if t.dtype is not dtype and (isinstance(dtype, torch.dtype) or t.dtype not in dtype):
+            allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
             raise TypeError(
                 f"`{name}` must have dtype {_dtype_names(allowed)}, got "
                 f"{str(t.dtype).replace('torch.', '')}"
             )
     if shape is not None:
-        if t.dim() != len(shape):
+        sizes = t.shape
+        specs = _compile_shape(tuple(shape))
+        if len(sizes) != len(specs):
             raise ValueError(
                 f"`{name}` must be {len(shape)}-D [{', '.join(str(s) for s in shape)}], "
-                f"got shape {list(t.shape)}"
+                f"got shape {list(sizes)}"
             )
-        for axis, (spec, size) in enumerate(zip(shape, t.shape)):
-            if spec is None:
-                continue
-            if isinstance(spec, int):
-                if size != spec:
+        for axis, ((symbol, value), size) in enumerate(zip(specs, sizes)):
+            if symbol is None:
+                if value >= 0 and size != value:
                     raise ValueError(
-                        f"`{name}` must have size {spec} in dimension {axis}, got {size} "
-                        f"(shape {list(t.shape)})"
+                        f"`{name}` must have size {value} in dimension {axis}, got {size} "
+                        f"(shape {list(sizes)})"
                     )
                 continue
-            match = _SYMBOL.match(spec)
-            if match is None or dims is None:
-                raise AssertionError(f"bad shape spec {spec!r}")
-            symbol, offset = match.group(1), int(match.group(2) or 0)
-            if symbol not in dims.sizes:
-                dims.bind(symbol, size - offset, name)
-            elif dims[symbol] + offset != size:
+            if dims is None:
+                raise AssertionError(f"shape spec {shape[axis]!r} needs a Dims")
+            bound = dims.sizes.get(symbol)
+            if bound is None:
+                dims.bind(symbol, size - value, name)
+            elif bound + value != size:
                 raise ValueError(
-                    f"`{name}` has size {size} in dimension {axis} but {spec} = "
-                    f"{dims[symbol] + offset} (from `{dims.bound_by[symbol]}`)"
+                    f"`{name}` has size {size} in dimension {axis} but {shape[axis]} = "
+                    f"{bound + value} (from `{dims.bound_by[symbol]}`)"
                 )
     if contiguous and not t.is_contiguous():
         raise ValueError(f"`{name}` must be contiguous (it is updated in place or indexed flat)")

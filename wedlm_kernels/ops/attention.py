@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _validate
+from .. import _dispatch, _validate
 from .._validate import (
     FLOAT_DTYPES,
     Dims,
@@ -106,8 +106,8 @@ def paged_attention(
     )
     if _validate.DEBUG:
         _debug_check_values(block_table, ctx_len, q_len, dims["S"], k_cache)
-    return torch.ops.wedlm.paged_attention(
-        q, k_cache, v_cache, block_table, ctx_len, q_len, float(scale)
+    return _dispatch.call(
+        "paged_attention", q, k_cache, v_cache, block_table, ctx_len, q_len, float(scale)
     )
 
 

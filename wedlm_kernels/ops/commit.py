@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _validate
+from .. import _dispatch, _validate
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
@@ -130,9 +130,9 @@ def commit_window(
         raise TypeError(f"`blockwise` must be a bool, got {type(blockwise).__name__}")
     if _validate.DEBUG:
         _debug_checks(win_len, ctx_len, cu_rows, row_pos, selected, out_len, dims)
-    torch.ops.wedlm.commit_window(
-        win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
-        out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
+    _dispatch.call(
+        "commit_window", win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token,
+        selected, out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
     )
 
 

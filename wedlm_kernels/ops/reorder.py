@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _validate
+from .. import _dispatch, _validate
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
@@ -83,8 +83,8 @@ def reorder_window(
     if _validate.DEBUG:
         debug_check((win_len >= 0) & (win_len <= dims["S"]), "win_len must be within [0, S]")
         debug_check(ctx_len >= 0, "ctx_len must be >= 0")
-    return torch.ops.wedlm.reorder_window(
-        win_tokens, win_mask, win_len, ctx_len, block_table, page_size
+    return _dispatch.call(
+        "reorder_window", win_tokens, win_mask, win_len, ctx_len, block_table, page_size
     )
 
 

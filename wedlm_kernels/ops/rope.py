@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _validate
+from .. import _dispatch, _validate
 from .._validate import (
     FLOAT_DTYPES,
     Dims,
@@ -178,8 +178,8 @@ def rope_kv_append(
     )
     if _validate.DEBUG:
         _debug_check_values(positions, dims["max_pos"], slot_mapping, k_cache)
-    return torch.ops.wedlm.rope_kv_append(
-        q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+    return _dispatch.call(
+        "rope_kv_append", q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
         q_norm_weight, k_norm_weight, float(eps),
     )
 

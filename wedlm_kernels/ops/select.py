@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _validate
+from .. import _dispatch, _validate
 from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
@@ -114,8 +114,8 @@ def select_tokens(
         debug_check(cu_rows[0] >= 0, "cu_rows[0] must be >= 0")
         debug_check(cu_rows[1:] >= cu_rows[:-1], "cu_rows must be non-decreasing")
         debug_check(cu_rows[-1] <= dims["R"], f"cu_rows[-1] must be <= R = {dims['R']}")
-    return torch.ops.wedlm.select_tokens(
-        logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed
+    return _dispatch.call(
+        "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed
     )
 
 

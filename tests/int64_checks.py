@@ -143,10 +143,25 @@ def select_tokens_rows(device: str = "cpu") -> None:
     torch.testing.assert_close(entropy.cpu(), expected_entropy, rtol=1e-5, atol=5e-6)
 
 
+def silu_mul_rows(device: str = "cpu") -> None:
+    """Three rows of fp16 gate/up values 2^30 + 64 elements apart: the third row starts
+    past 2^31, where ``row * row_stride`` only fits in int64."""
+    from wedlm_kernels.ops.silu_mul import silu_mul_torch, silu_mul_triton
+
+    width, num_rows, stride = 96, 3, 2**30 + 64
+    storage = _reserve(stride * (num_rows - 1) + width, torch.float16, device)
+    gate_up = storage.as_strided((num_rows, width), (stride, 1))
+    values = (torch.randn(num_rows, width, generator=torch.Generator().manual_seed(6)) * 3)
+    gate_up.copy_(values.half().to(device))
+    torch.testing.assert_close(silu_mul_triton(gate_up).cpu(), silu_mul_torch(values.half()),
+                               rtol=1e-3, atol=1e-6)
+
+
 CHECKS = {
     "rope_kv_append_cache": rope_kv_append_cache,
     "paged_attention_cache": paged_attention_cache,
     "select_tokens_rows": select_tokens_rows,
+    "silu_mul_rows": silu_mul_rows,
 }
 
 

@@ -324,6 +324,23 @@ MUTATIONS: list[Mutation] = [
         (("write = hit & is_mask\n", "write = hit\n"),),
         COMMIT_KERNEL_TESTS, "a selected row overwrites a slot that is already filled",
     ),
+    # ------------------------------------------------------------ silu_mul
+    Mutation(
+        "silu-mul-torch-halves-swapped", "wedlm_kernels/ops/silu_mul.py",
+        (("gate, up = gate_up.chunk(2, dim=-1)", "up, gate = gate_up.chunk(2, dim=-1)"),),
+        ("tests/test_silu_mul.py",), "the activation is applied to up instead of gate",
+    ),
+    Mutation(
+        "silu-mul-kernel-int32-row", "wedlm_kernels/ops/silu_mul.py",
+        (("row = tl.program_id(0).to(tl.int64)", "row = tl.program_id(0)"),),
+        INT64_TESTS, "the row offset row * stride in int32", keyword="silu_mul",
+    ),
+    Mutation(
+        "silu-mul-kernel-product-unrounded", "wedlm_kernels/ops/silu_mul.py",
+        (("activated = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)",
+          "activated = gate * tl.sigmoid(gate)"),),
+        ("tests/test_silu_mul_kernel.py",), "silu is not rounded before the product",
+    ),
     # ------------------------------------------------------------ the reference decoder
     Mutation(
         "reference-decoder-refill-one", "reference/decoder.py",

@@ -85,12 +85,18 @@ def _commit_args():
             out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, False)
 
 
+def _silu_mul_args():
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(3, 2 * 7 + 2, generator=g)[:, :14],)
+
+
 CASES = {
     "reorder_window": (wk.reorder_window, _reorder_args),
     "rope_kv_append": (wk.rope_kv_append, _rope_args),
     "paged_attention": (wk.paged_attention, _attention_args),
     "select_tokens": (wk.select_tokens, _select_args),
     "commit_window": (wk.commit_window, _commit_args),
+    "silu_mul": (wk.silu_mul, _silu_mul_args),
 }
 
 

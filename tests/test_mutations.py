@@ -24,6 +24,7 @@ OP_FILES = {
     "paged_attention": "wedlm_kernels/ops/attention.py",
     "select_tokens": "wedlm_kernels/ops/select.py",
     "commit_window": "wedlm_kernels/ops/commit.py",
+    "silu_mul": "wedlm_kernels/ops/silu_mul.py",
 }
 
 

@@ -9,6 +9,7 @@ Public ops (DESIGN.md section 4, exact semantics in docs/contracts.md):
 - :func:`paged_attention`: causal (bottom-right aligned) attention over a paged cache, GQA.
 - :func:`select_tokens`: entropy, distance penalty, threshold selection and sampling.
 - :func:`commit_window`: commit, stop/length rules, window shift, fill and refill.
+- :func:`silu_mul`: ``silu(gate) * up`` read from a fused gate/up projection (the MLP).
 
 Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
@@ -21,6 +22,7 @@ from .ops.commit import commit_window
 from .ops.reorder import reorder_window
 from .ops.rope import rope_cache, rope_kv_append
 from .ops.select import select_tokens
+from .ops.silu_mul import silu_mul
 
 __version__ = "0.1.0"
 
@@ -33,4 +35,5 @@ __all__ = [
     "rope_cache",
     "rope_kv_append",
     "select_tokens",
+    "silu_mul",
 ]

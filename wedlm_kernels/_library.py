@@ -19,7 +19,7 @@ import torch
 
 from . import _dispatch
 from ._backend import BACKEND
-from .ops import attention, commit, reorder, rope, select
+from .ops import attention, commit, reorder, rope, select, silu_mul
 
 # op name -> (module, mutated arguments)
 OPS: dict[str, tuple[ModuleType, tuple[str, ...]]] = {
@@ -31,6 +31,7 @@ OPS: dict[str, tuple[ModuleType, tuple[str, ...]]] = {
         commit,
         ("win_tokens", "win_mask", "win_len", "ctx_len", "out_tokens", "out_len", "finished"),
     ),
+    "silu_mul": (silu_mul, ()),
 }
 
 

@@ -8,9 +8,11 @@ Per layer (pre-norm)::
 then a final RMSNorm and ``lm_head``. q, k and v come out of one fused projection and are
 handed to ``wedlm_kernels.rope_kv_append`` as strided views of it (per-head q/k RMSNorm on
 Qwen3, RoPE at the logical positions, K/V appended to the cache); attention reads the cache
-through ``wedlm_kernels.paged_attention``. The forward returns hidden states only: the
-caller picks the rows that need logits (the mask rows of a decode step) and calls
-:meth:`Model.logits` on those alone.
+through ``wedlm_kernels.paged_attention``. Each residual add is folded into the RMSNorm that
+follows it and the MLP's activation reads the fused gate/up projection in place
+(``model_min.layers``: fused kernels on CUDA, PyTorch with the same roundings on CPU). The
+forward returns hidden states only: the caller picks the rows that need logits (the mask
+rows of a decode step) and calls :meth:`Model.logits` on those alone.
 """
 
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import wedlm_kernels as wk
 
 from .cache import KVCache, slot_mapping_for
 from .config import ModelConfig
+from .layers import add_rms_norm, rms_norm, silu_mul
 
 
 @dataclass
@@ -36,14 +39,6 @@ class LayerWeights:
     post_attention_norm: torch.Tensor  # [H]
     gate_up_weight: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
     down_weight: torch.Tensor  # [H, I]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x * rsqrt(mean(x^2) + eps) * weight``, normalised in fp32 and rounded to x's dtype
-    before the weight multiply (as Hugging Face's Qwen RMSNorm does)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
 
 
 class Model:
@@ -107,8 +102,11 @@ class Model:
         flat_positions = positions.reshape(-1)
         flat_slots = slot_mapping.reshape(-1)
         x = F.embedding(input_ids.reshape(-1), self.embed_tokens)  # [B*S, hidden]
+        # The residual stream x and the normalised input h of the next block: every residual
+        # add is folded into the norm that follows it (one fused launch on CUDA), the last
+        # one is a plain add.
+        h = rms_norm(x, self.layers[0].input_norm, c.rms_norm_eps)
         for layer, weights in enumerate(self.layers):
-            h = rms_norm(x, weights.input_norm, c.rms_norm_eps)
             qkv = F.linear(h, weights.qkv_weight, weights.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             q = wk.rope_kv_append(
@@ -133,10 +131,15 @@ class Model:
                 q_len,
                 self.scale,
             )
-            x = x + F.linear(attention.reshape(batch * rows, -1), weights.o_weight, weights.o_bias)
-            h = rms_norm(x, weights.post_attention_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, weights.gate_up_weight).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, weights.down_weight)
+            attention_out = F.linear(attention.reshape(batch * rows, -1), weights.o_weight,
+                                     weights.o_bias)
+            h, x = add_rms_norm(attention_out, x, weights.post_attention_norm, c.rms_norm_eps)
+            mlp_out = F.linear(silu_mul(F.linear(h, weights.gate_up_weight)), weights.down_weight)
+            if layer + 1 < len(self.layers):
+                h, x = add_rms_norm(mlp_out, x, self.layers[layer + 1].input_norm,
+                                    c.rms_norm_eps)
+            else:
+                x = x + mlp_out
         return x.view(batch, rows, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,16 +16,22 @@
 # (a CUDA error in one file cannot poison the next), with `-m cuda -x`. A file whose
 # imports need a module this Python lacks (hypothesis, transformers, ...) is skipped and
 # named in the log; if tests/conftest.py itself cannot be imported, no test runs.
+#
+# Wheels in $REPO/.whl/ (pure-Python packages the machine lacks, such as liger-kernel for
+# model_min's fused norms; `pip download --no-deps` them there) are installed into the
+# staging folder first and put on PYTHONPATH.
 
 set -u -o pipefail
 
 # ---- what runs: edit here -------------------------------------------------------------
-CUDA_BENCHES=(bench.ops_window bench.paged_attention bench.select_tokens)  # modules with a CUDA mode; each gets --out-dir DIR
+# Benchmarks in order of priority (a module and its arguments; each also gets --out-dir DIR).
+# The decode-step benchmark comes first; those after it run while time is left.
+CUDA_BENCHES=("bench.decode_step --quick" bench.paged_attention bench.select_tokens bench.ops_window)
 TOTAL_BUDGET_S=440               # the whole script (8 minutes = 480 s)
-TEST_BUDGET_S=240                # all cuda test files together, import probe included
+TEST_BUDGET_S=200                # all cuda test files together, import probe included
 TEST_FILE_LIMIT_S=150            # one test file
 BENCH_LIMIT_S=150                # one benchmark
-BENCH_RESERVE_S=160              # kept free for the benchmarks while tests run
+BENCH_RESERVE_S=200              # kept free for the benchmarks while tests run
 PACK_RESERVE_S=20                # kept free for packing the results
 PER_TEST_TIMEOUT_S=120           # per test, when the pytest-timeout plugin is installed
 PYTHON=${PYTHON:-python3}
@@ -35,7 +41,7 @@ DRY_RUN=0
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY_RUN=1 ;;
-        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (use --dry-run or --help)" >&2; exit 2 ;;
     esac
 done
@@ -107,6 +113,13 @@ echo "repository: $REPO (commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/n
 echo "results: $OUT; staging: $STAGE; budget ${TOTAL_BUDGET_S}s"
 
 run_step "nvidia-smi" 30 nvidia-smi || FAILED=1
+
+# ---- optional pure-Python wheels carried in .whl/ (e.g. liger-kernel for model_min) -----
+if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+    run_step "wheels from .whl/" 60 "$PYTHON" -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --upgrade --target "$STAGE/site" "$REPO"/.whl/*.whl &&
+        export PYTHONPATH=$STAGE/site:$PYTHONPATH
+fi
 
 # ---- environment: versions, the device's results folder, optional modules ---------------
 cat >"$STAGE/env_probe.py" <<'PY'
@@ -227,8 +240,9 @@ done
 
 # ---- benchmarks -------------------------------------------------------------------------
 RESERVE_S=$PACK_RESERVE_S
-for module in "${CUDA_BENCHES[@]}"; do
-    run_step "$module" "$BENCH_LIMIT_S" "$PYTHON" -m "$module" --out-dir "$RESULTS" || FAILED=1
+for bench in "${CUDA_BENCHES[@]}"; do
+    read -r -a words <<<"$bench"  # module, then its arguments
+    run_step "$bench" "$BENCH_LIMIT_S" "$PYTHON" -m "${words[@]}" --out-dir "$RESULTS" || FAILED=1
 done
 
 # ---- results into $OUT (at most 8 files come back) --------------------------------------

@@ -278,8 +278,10 @@ def test_gpu_check_dry_run_prints_every_step_and_writes_nothing(tmp_path):
             re.search(r"^timeout -k 10 \d+ \S+ -m pytest -m cuda -q -x -p no:cacheprovider "
                       rf".*{re.escape(file)}$", command) for command in commands
         ), file
-    bench = [c for c in commands if " -m bench.ops_window --out-dir " in c]
-    assert len(bench) == 1 and bench[0].startswith("timeout -k 10 ")
+    for bench in ("bench.decode_step --quick", "bench.paged_attention", "bench.select_tokens",
+                  "bench.ops_window"):
+        runs = [c for c in commands if f" -m {bench} --out-dir " in c]
+        assert len(runs) == 1 and runs[0].startswith("timeout -k 10 "), bench
     # every step has a limit, and the limits fit the 8 minutes
     limits = [int(m.group(1)) for c in commands if (m := re.match(r"timeout -k 10 (\d+) ", c))]
     assert len(limits) == len(commands) - 2  # all but the two packing lines

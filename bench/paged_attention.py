@@ -229,11 +229,10 @@ def run_case(kind: str, sizes: Sizes, launchers: dict, batch: int, rows: int, co
         "check": {},
         "timings": {},
     }
-    config = attention.launch_config(sizes.dtype, sizes.head_dim,
-                                     rows * (sizes.q_heads // sizes.kv_heads))
-    splits = attention.split_count(batch, sizes.kv_heads, rows, sizes.q_heads // sizes.kv_heads,
-                                   inputs["block_table"].shape[1] * sizes.page_size, config,
-                                   device)
+    config, splits = attention.schedule(
+        sizes.dtype, batch, sizes.kv_heads, rows, sizes.q_heads // sizes.kv_heads,
+        sizes.head_dim, inputs["block_table"].shape[1] * sizes.page_size,
+        attention._multiprocessors(device))
     case["schedule"] = {
         "kind": "split-KV" if splits > 1 else "query tiles", "num_splits": splits,
         "block_m": config.block_m, "block_n": config.block_n, "num_warps": config.num_warps,

@@ -78,7 +78,9 @@ def _compilable_jit_functions(module_name: str):
 
 
 def compile_sm90(variant: KernelVariant):
-    """Compile ``variant`` for an NVIDIA sm_90 target; returns the compiled kernel."""
+    """Compile ``variant`` for an NVIDIA sm_90 target as a launch with typical arguments
+    would: pointers 16-byte aligned and ``variant.divisible_by_16`` multiples of 16 (the
+    specialisations Triton makes at run time). Returns the compiled kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -87,10 +89,45 @@ def compile_sm90(variant: KernelVariant):
     kernel = variant.kernel
     if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET
         kernel = JITFunction(kernel.fn)
-    source = ASTSource(fn=kernel, signature=variant.signature, constexprs=variant.constexprs)
+    attrs = {
+        (index,): [["tt.divisibility", 16]]
+        for index, (name, kind) in enumerate(variant.signature.items())
+        if kind.startswith("*") or name in variant.divisible_by_16
+    }
+    source = ASTSource(fn=kernel, signature=variant.signature, constexprs=variant.constexprs,
+                       attrs=attrs)
     with _compilable_jit_functions(kernel.fn.__module__):
         return triton.compile(
             source,
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
         )
+
+
+def ptxas_resources(compiled) -> dict[str, int]:
+    """Registers per thread and spill bytes of a compiled sm_90 kernel, from ``ptxas -v``
+    (Triton's own ptxas) on its PTX."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "kernel.ptx")
+        with open(path, "w") as file:
+            file.write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, report)
+        return int(found.group(1)) if found else 0
+
+    return {
+        "registers": number(r"Used (\d+) registers"),
+        "spill_store_bytes": number(r"(\d+) bytes spill stores"),
+        "spill_load_bytes": number(r"(\d+) bytes spill loads"),
+    }

@@ -245,9 +245,9 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ paged_attention, kernels
     Mutation(
         "attention-kernel-int32-slot-full-tiles", ATTENTION,
-        (("covered = (page >= 0) & (page < num_pages)\n"
+        (("covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]\n"
           "        slot = tl.where(covered, page, 0).to(tl.int64) * page_size",
-          "covered = (page >= 0) & (page < num_pages)\n"
+          "covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]\n"
           "        slot = tl.where(covered, page, 0) * page_size"),),
         INT64_TESTS, "cache offsets in int32 in the loop over keys every row sees",
         keyword="paged_attention",
@@ -276,6 +276,25 @@ MUTATIONS: list[Mutation] = [
         (('acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")',
           'acc = acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")'),),
         ATTENTION_KERNEL_TESTS, "the online softmax does not rescale the accumulator",
+    ),
+    Mutation(
+        "attention-kernel-combine-reads-every-split", ATTENTION,
+        (("mask=row_live & (split < row_splits), other=-float(\"inf\"))",
+          "mask=row_live, other=-float(\"inf\"))"),
+         ("read = row_live & (split < row_splits)", "read = row_live")),
+        ATTENTION_KERNEL_TESTS, "the combine reads splits that hold none of the row's keys",
+        keyword="neither_written_nor_read",
+    ),
+    Mutation(
+        "attention-kernel-page-tile-misapplied", ATTENTION,
+        (("PAGE_TILE=page_size % block_n == 0", "PAGE_TILE=block_n % page_size == 0"),),
+        ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",
+    ),
+    Mutation(
+        "attention-kernel-splits-sized-by-capacity", ATTENTION,
+        (("sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)  # keys of the last row",
+          "sequence_keys = capacity  # keys of the last row"),),
+        ATTENTION_KERNEL_TESTS, "the attention kernel and the combine chunk the keys differently",
     ),
     # ------------------------------------------------------------ reorder_window
     Mutation(
@@ -341,6 +360,12 @@ MUTATIONS: list[Mutation] = [
           "activated = gate * tl.sigmoid(gate)"),),
         ("tests/test_silu_mul_kernel.py",), "silu is not rounded before the product",
     ),
+    # ------------------------------------------------------------ dispatch
+    Mutation(
+        "dispatch-skips-the-dispatcher-under-modes", "wedlm_kernels/_dispatch.py",
+        (("        or torch._C._len_torch_dispatch_stack()\n", ""),),
+        ("tests/test_dispatch.py",), "calls under a dispatch mode bypass torch.ops",
+    ),
     # ------------------------------------------------------------ the reference decoder
     Mutation(
         "reference-decoder-refill-one", "reference/decoder.py",
@@ -366,10 +391,14 @@ MUTATIONS: list[Mutation] = [
         MODEL_MIN_TESTS, "padding rows counted in p_cache",
     ),
     Mutation(
-        "model-min-forward-drops-attention-residual", "model_min/model.py",
-        (("x = x + F.linear(attention.reshape(batch * rows, -1), weights.o_weight, weights.o_bias)",
-          "x = F.linear(attention.reshape(batch * rows, -1), weights.o_weight, weights.o_bias)"),),
-        MODEL_MIN_TESTS, "the attention block loses its residual connection",
+        "model-min-add-rms-norm-drops-the-residual", "model_min/layers.py",
+        (("    total = x + residual\n", "    total = x\n"),),
+        MODEL_MIN_TESTS, "the residual add folded into the next norm loses the residual",
+    ),
+    Mutation(
+        "model-min-forward-skips-the-last-residual-add", "model_min/model.py",
+        (("                x = x + mlp_out\n", "                x = mlp_out\n"),),
+        MODEL_MIN_TESTS, "the last layer's MLP output replaces the residual stream",
     ),
 ]
 

@@ -228,21 +228,29 @@ def paged_attention_fake(
 # every row of the tile (the "full" loop, no mask); the remaining keys up to
 # ctx + last_live_row are masked per row (the "diagonal" loop). Keys past that are not read.
 #
-# Split-KV ("flash-decoding"): when there are few query tiles (decode windows) the key range
-# is cut into num_splits chunks of keys_per_split keys, one program each. A program stores
-# its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the combine
-# kernel merges them as out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M = max_s lse_s.
+# Split-KV ("flash-decoding"): when there are few query tiles (decode windows) each
+# sequence's keys are cut into num_splits chunks, one program each. num_splits is fixed by
+# the launcher from shapes (an upper bound, so a call can be captured in a CUDA graph); the
+# chunk size is computed on the device from the sequence's own key count,
+#     keys_per_split = ceil(ceil(min(ctx + live, capacity) / num_splits) / BLOCK_N) * BLOCK_N,
+# so the keys are spread over the splits whatever the page table's capacity, and a split
+# that starts past a tile's last key exits without reading or writing anything. A program
+# stores its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the
+# combine kernel merges, per row, the splits that hold keys of that row:
+#     out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M),   M = max_s lse_s.
 #
 # Contract details (docs/contracts.md, "paged_attention"):
-# - position t lives at page block_table[b, t // page_size], offset t % page_size. The page
-#   id is gathered per key, so any page size works (also pages smaller than BLOCK_N). A key
-#   whose page index is >= P or whose page id is outside [0, num_pages) is "not covered": it
-#   is not loaded, and a row that needs it is NaN.
+# - position t lives at page block_table[b, t // page_size], offset t % page_size. When
+#   pages hold a multiple of BLOCK_N positions (PAGE_TILE) a key tile lies in one page and
+#   its page id is loaded once; otherwise it is gathered per key, so any page size works. A
+#   key whose page index is >= P or whose page id is outside [0, num_pages) is "not
+#   covered": it is not loaded, and a row that needs it is NaN.
 # - cache entries a row does not see are never read into its result: in the diagonal loop
 #   their scores are -inf (probability exactly 0), and since 0 * NaN = NaN, non-finite
 #   values are zeroed for the P @ V product and put back as NaN only into the output
-#   elements of the rows that see them (the product of the visibility mask with the
-#   non-finite indicator). In the full loop every loaded key is visible to every row.
+#   elements of the rows that see them (row r sees a non-finite value in column d iff the
+#   first key holding one there is <= ctx + r). In the full loop every loaded key is visible
+#   to every row.
 # - rows j >= clamp(q_len, 0, S) are zero; a row with ctx + j < 0 (no visible key) or
 #   ctx + j >= P * page_size (a needed position beyond the page table) is NaN.
 # - positions are int32 (P * page_size < 2^31); every address is computed in int64.
@@ -258,7 +266,7 @@ _LOG2_E = 1.4426950408889634
 ATTENTION_UNSPECIALISED = (
     "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
     "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
-    "page_size", "table_width", "num_pages", "keys_per_split", "num_splits",
+    "page_size", "table_width", "num_pages", "num_splits",
 )
 COMBINE_UNSPECIALISED = (
     "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "page_size",
@@ -291,12 +299,12 @@ def _paged_attention_kernel(
     page_size,
     table_width,  # P
     num_pages,
-    keys_per_split,  # a multiple of BLOCK_N
     num_splits,
     scale_log2,  # scale * log2(e)
     BLOCK_M: tl.constexpr,  # (row, head) pairs per program
     BLOCK_N: tl.constexpr,  # keys per tile
     BLOCK_D: tl.constexpr,  # next_power_of_2(D), at least 16
+    PAGE_TILE: tl.constexpr,  # page_size % BLOCK_N == 0: one page id per key tile
     UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
 ):
     pairs = rows * group
@@ -324,10 +332,6 @@ def _paged_attention_kernel(
         batch * q_batch_stride + row.to(tl.int64)[:, None] * q_row_stride
         + q_head.to(tl.int64)[:, None] * q_head_stride + d[None, :]
     )
-    q = tl.load(q_ptr + q_offsets, mask=row_live[:, None] & d_mask[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-
     # Keys [split_start, full_stop) are visible to every row of the tile (whole tiles only);
     # keys [full_stop, diagonal_end) are masked per row.
     first_row = (tile * BLOCK_M) // group
@@ -335,8 +339,16 @@ def _paged_attention_kernel(
     key_end = tl.minimum(tl.maximum(ctx + last_row + 1, 0), capacity)
     key_end = tl.where(last_row >= first_row, key_end, 0)  # a tile of padding rows reads none
     full_end = tl.minimum(tl.maximum(ctx + first_row + 1, 0), key_end)
+    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)  # keys of the last row
+    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
     split_start = split * keys_per_split
     split_end = split_start + keys_per_split
+    has_keys = (num_splits == 1) | (split_start < key_end)  # else: no row here reads this split
+
+    q = tl.load(q_ptr + q_offsets, mask=(row_live & has_keys)[:, None] & d_mask[None, :],
+                other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     full_stop = split_start + tl.maximum(
         (tl.minimum(full_end, split_end) - split_start) // BLOCK_N, 0) * BLOCK_N
     diagonal_end = tl.minimum(key_end, split_end)
@@ -352,9 +364,12 @@ def _paged_attention_kernel(
     uncovered = tl.zeros([BLOCK_M], tl.int32)  # 1: the row needs a key without a page
 
     for start in range(split_start, full_stop, BLOCK_N):
-        keys = start + n  # [BLOCK_N] positions; their pages, gathered per key
-        page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride)
-        covered = (page >= 0) & (page < num_pages)
+        keys = start + n  # [BLOCK_N] positions and their pages
+        if PAGE_TILE:
+            page = tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride)
+        else:
+            page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride)
+        covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]
         slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
         kv_offsets = slot[:, None] * slot_stride + head_offset
         kv_mask = covered[:, None] & d_mask[None, :]
@@ -377,8 +392,11 @@ def _paged_attention_kernel(
     for start in range(full_stop, diagonal_end, BLOCK_N):
         keys = start + n
         in_range = keys < diagonal_end
-        page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
-                       mask=in_range, other=-1)
+        if PAGE_TILE:  # start < diagonal_end: the tile's page index is in the table
+            page = tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride)
+        else:
+            page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
+                           mask=in_range, other=-1)
         covered = in_range & (page >= 0) & (page < num_pages)
         slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
         kv_offsets = slot[:, None] * slot_stride + head_offset
@@ -400,10 +418,12 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         finite = (v == v) & (tl.abs(v) < float("inf"))
         v_finite = tl.where(finite, v, 0.0).to(v.dtype)
-        non_finite_seen = tl.dot(visible.to(v.dtype), tl.where(finite, 0.0, 1.0).to(v.dtype),
-                                 input_precision="ieee")  # [M, D]: visible non-finite values
+        # row r sees key n iff n <= last_key[r] (and n in range), so it sees a non-finite
+        # value in column d iff the first in-range key holding one there is <= last_key[r]
+        first_non_finite = tl.min(
+            tl.where(finite | (in_range[:, None] == 0), 2**30, keys[:, None]), axis=0)  # [D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v_finite, input_precision="ieee")
-        acc = tl.where(non_finite_seen > 0, float("nan"), acc)
+        acc = tl.where(first_non_finite[None, :] <= last_key[:, None], float("nan"), acc)
         m_i = m_new
 
     row_nan = uncovered > 0
@@ -417,7 +437,7 @@ def _paged_attention_kernel(
             (batch * rows + row.to(tl.int64)) * (kv_heads * group) + q_head
         )[:, None] * head_dim + d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=pair_mask)
-    else:
+    elif has_keys:
         partial = tl.where(row_nan[:, None], float("nan"), normalised)
         lse = tl.where(l_i == 0.0, -float("inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         base = (batch_head.to(tl.int64) * num_splits + split) * pairs + pair  # [BLOCK_M]
@@ -442,6 +462,7 @@ def _combine_splits_kernel(
     table_width,
     num_splits,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # the attention kernel's key tile (its chunking of the keys)
     BLOCK_D: tl.constexpr,
 ):
     pairs = rows * group
@@ -462,21 +483,28 @@ def _combine_splits_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
 
+    # the chunking of the attention kernel: row r's keys 0 .. ctx + r lie in its first
+    # cdiv(ctx + r + 1, keys_per_split) splits, which are the ones written for it
+    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
+    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
+    row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
+    row_splits = tl.cdiv(row_keys, keys_per_split)  # [BLOCK_M]
     base = batch_head.to(tl.int64) * num_splits * pairs + pair  # [BLOCK_M], split 0
     lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
     for split in range(num_splits):
-        lse = tl.load(partial_lse_ptr + base + split * pairs, mask=row_live,
-                      other=-float("inf"))
+        lse = tl.load(partial_lse_ptr + base + split * pairs,
+                      mask=row_live & (split < row_splits), other=-float("inf"))
         lse_max = tl.maximum(lse_max, lse)
     lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     denominator = tl.zeros([BLOCK_M], tl.float32)
     for split in range(num_splits):
         offsets = base + split * pairs
-        lse = tl.load(partial_lse_ptr + offsets, mask=row_live, other=-float("inf"))
-        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys (its partial is 0)
+        read = row_live & (split < row_splits)
+        lse = tl.load(partial_lse_ptr + offsets, mask=read, other=-float("inf"))
+        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys of the row
         partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
-                          mask=row_live[:, None] & d_mask[None, :], other=0.0)
+                          mask=read[:, None] & d_mask[None, :], other=0.0)
         acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
         denominator += weight
 
@@ -494,23 +522,26 @@ def _combine_splits_kernel(
 # ---------------------------------------------------------------------------- launcher
 #
 # Tiles (BLOCK_M pairs x BLOCK_N keys x BLOCK_D): fp16/bf16 products run on tensor cores with
-# 128 x 64 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, and 64 x 64
-# with 4 warps for decode windows (S * G <= 64 pairs) and small heads; head_dim 256 halves the
-# key tile to fit shared memory.
-# fp32 takes exact fp32 products ("ieee", no TF32), on CUDA cores with small tiles.
+# 128 x 32 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, 64 x 32 for
+# decode windows (S * G <= 64 pairs) and small heads, 64 x 16 for heads of 256. When the grid
+# of those query tiles would leave most multiprocessors idle (few sequences and KV heads),
+# decode windows use 16 x 32 tiles instead: four times the programs, each with a quarter of
+# the registers. fp32 takes exact fp32 products ("ieee", no TF32) with small tiles. Each
+# choice is the largest tile that compiles for sm_90 without spilling registers to local
+# memory (ptxas, as checked by tests/test_kernels_compile_sm90.py); the 64-key tiles used
+# before spilled 150 bytes per thread at head_dim 128 (3 KiB before the non-finite tracking
+# of the masked loop stopped using a second matrix product).
 #
 # Schedules, chosen from shapes only (no value is read on the host, so a call can be captured
 # in a CUDA graph):
 # - query tiles: grid (cdiv(S * G, BLOCK_M), B * Hkv), one pass over the keys per tile; used
 #   for prefill (S > 64) and whenever that grid already fills the GPU;
 # - split-KV: for decode windows (S <= 64) whose grid is below SPLIT_TARGET_WAVES programs per
-#   multiprocessor, the P * page_size positions the page table can address (the only context
-#   bound known without reading ctx_len) are cut into num_splits chunks of at least
-#   MIN_KEYS_PER_SPLIT keys, grid (tiles, B * Hkv, num_splits), then the combine kernel.
-#   Splits past a sequence's context find no key and cost one short program each.
+#   multiprocessor, grid (tiles, B * Hkv, num_splits) with num_splits up to the number of key
+#   tiles the page table can address; each sequence's keys are spread over the splits on the
+#   device (see the kernel), then the combine kernel merges the splits.
 
 MAX_DECODE_ROWS = 64  # windows up to this many rows may split the keys
-MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 SPLIT_TARGET_WAVES = 2  # programs per multiprocessor the split schedule aims for
 MIN_KERNEL_HEAD_DIM = 2  # head sizes outside [2, 256] use the PyTorch implementation
@@ -533,16 +564,29 @@ def head_dim_block(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
-def launch_config(dtype: torch.dtype, head_dim: int, pairs: int) -> LaunchConfig:
-    """Tile sizes for q's dtype, the head size and the (row, head) pairs per KV head."""
+def launch_config(
+    dtype: torch.dtype, head_dim: int, pairs: int, few_programs: bool = False
+) -> LaunchConfig:
+    """Tile sizes for q's dtype, the head size and the (row, head) pairs per KV head;
+    ``few_programs``: a decode window whose default query tiles would underfill the GPU.
+    Each configuration compiles for sm_90 without register spills (checked by the tests)."""
     block_d = head_dim_block(head_dim)
     if dtype == torch.float32:
-        return LaunchConfig(32, 32 if block_d <= 128 else 16, 4, 2)
+        return LaunchConfig(16, 16, 4, 2) if block_d >= 64 else LaunchConfig(32, 32, 4, 2)
+    if few_programs:
+        return LaunchConfig(16, 32, 4, 2)
     if block_d >= 256:
-        return LaunchConfig(64, 32, 8, 2)
+        return LaunchConfig(64, 16, 8, 2)
     if block_d <= 64 or pairs <= 64:
-        return LaunchConfig(64, 64, 4, 3)
-    return LaunchConfig(128, 64, 8, 3)
+        return LaunchConfig(64, 32, 4 if block_d <= 64 else 8, 3)
+    return LaunchConfig(128, 32, 8, 3)
+
+
+def launch_configs(dtype: torch.dtype, block_d: int) -> list[LaunchConfig]:
+    """Every configuration :func:`launch_config` gives for q's dtype and a BLOCK_D."""
+    configs = {launch_config(dtype, block_d, pairs, few)
+               for pairs in (MAX_DECODE_ROWS, MAX_DECODE_ROWS + 1) for few in (False, True)}
+    return sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps))
 
 
 _MULTIPROCESSORS: dict[int, int] = {}
@@ -557,18 +601,41 @@ def _multiprocessors(device: torch.device) -> int:
     return _MULTIPROCESSORS[index]
 
 
+@functools.cache
+def schedule(
+    dtype: torch.dtype, batch: int, kv_heads: int, rows: int, group: int, head_dim: int,
+    capacity: int, multiprocessors: int,
+) -> tuple[LaunchConfig, int]:
+    """``(tile configuration, num_splits)`` of a call, from its shapes alone (cached)."""
+    pairs = rows * group
+    config = launch_config(dtype, head_dim, pairs)
+    tiles = batch * kv_heads * triton.cdiv(pairs, config.block_m)
+    if rows <= MAX_DECODE_ROWS and tiles < multiprocessors:
+        config = launch_config(dtype, head_dim, pairs, few_programs=True)
+    return config, split_count(batch, kv_heads, rows, group, capacity, config, multiprocessors)
+
+
 def split_count(
     batch: int, kv_heads: int, rows: int, group: int, capacity: int, config: LaunchConfig,
-    device: torch.device,
+    multiprocessors: int,
 ) -> int:
-    """How many key chunks the split-KV schedule uses (1: the query-tile schedule)."""
+    """How many key chunks the split-KV schedule uses (1: the query-tile schedule): enough
+    programs for SPLIT_TARGET_WAVES per multiprocessor, at most one per key tile the page
+    table can address."""
     if rows > MAX_DECODE_ROWS:
         return 1
     programs = batch * kv_heads * triton.cdiv(rows * group, config.block_m)
-    target = SPLIT_TARGET_WAVES * _multiprocessors(device)
+    target = SPLIT_TARGET_WAVES * multiprocessors
     if programs >= target:
         return 1
-    return max(1, min(triton.cdiv(target, programs), capacity // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    key_tiles = triton.cdiv(capacity, config.block_n)
+    return max(1, min(triton.cdiv(target, programs), key_tiles, MAX_SPLITS))
+
+
+@functools.cache
+def _unused_fp32(device: torch.device) -> torch.Tensor:
+    """A one-element fp32 tensor standing in for the partials of a one-split launch."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
 
 
 def _upcast(q: torch.Tensor) -> bool:
@@ -625,39 +692,34 @@ def paged_attention_into(
         return
     group = q_heads // kv_heads
     pairs = rows * group
-    capacity = table_width * page_size
-    config = launch_config(q.dtype, head_dim, pairs)
+    config, default_splits = schedule(q.dtype, batch, kv_heads, rows, group, head_dim,
+                                      table_width * page_size, _multiprocessors(q.device))
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
-    config = LaunchConfig(block_m, block_n, config.num_warps, config.num_stages)
-    if num_splits is None:
-        num_splits = split_count(batch, kv_heads, rows, group, capacity, config, q.device)
-    # a multiple of BLOCK_N, so that key tiles never straddle two splits
-    keys_per_split = max(block_n, triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n)
+    num_splits = num_splits or default_splits
     if num_splits > 1:
         partial_out = torch.empty(batch * kv_heads, num_splits, pairs, head_dim,
                                   dtype=torch.float32, device=q.device)
         partial_lse = torch.empty(batch * kv_heads, num_splits, pairs, dtype=torch.float32,
                                   device=q.device)
     else:
-        partial_out = partial_lse = torch.empty(1, dtype=torch.float32, device=q.device)
+        partial_out = partial_lse = _unused_fp32(q.device)  # never read or written
     block_d = head_dim_block(head_dim)
-    upcast = _upcast(q)
     grid = (triton.cdiv(pairs, block_m), batch * kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, block_table, ctx_len, q_len, out, partial_out, partial_lse,
         q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), block_table.stride(1),
         ctx_len.stride(0), q_len.stride(0),
         rows, kv_heads, group, head_dim, page_size, table_width, num_pages,
-        keys_per_split, num_splits, float(scale) * _LOG2_E,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, UPCAST=upcast,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_splits, float(scale) * _LOG2_E,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_TILE=page_size % block_n == 0,
+        UPCAST=_upcast(q), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
         _combine_splits_kernel[(triton.cdiv(pairs, _COMBINE_BLOCK_M), batch * kv_heads)](
             partial_out, partial_lse, ctx_len, q_len, out, ctx_len.stride(0), q_len.stride(0),
             rows, kv_heads, group, head_dim, page_size, table_width, num_splits,
-            BLOCK_M=_COMBINE_BLOCK_M, BLOCK_D=block_d, num_warps=4,
+            BLOCK_M=_COMBINE_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
         )
 
 
@@ -744,7 +806,9 @@ _HEAD_DIM_BLOCKS = (16, 32, 64, 128, 256)
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def _attention_variant(dtype: torch.dtype, block_d: int, config: LaunchConfig) -> KernelVariant:
+def _attention_variant(
+    dtype: torch.dtype, block_d: int, config: LaunchConfig, page_tile: bool
+) -> KernelVariant:
     pointer = POINTER_TYPES[dtype]
     signature = {
         "q_ptr": pointer, "k_cache_ptr": pointer, "v_cache_ptr": pointer,
@@ -754,23 +818,25 @@ def _attention_variant(dtype: torch.dtype, block_d: int, config: LaunchConfig) -
     for name in (
         "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
         "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
-        "head_dim", "page_size", "table_width", "num_pages", "keys_per_split", "num_splits",
+        "head_dim", "page_size", "table_width", "num_pages", "num_splits",
     ):
         signature[name] = "i32"
     signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                     BLOCK_D="constexpr", UPCAST="constexpr")
+                     BLOCK_D="constexpr", PAGE_TILE="constexpr", UPCAST="constexpr")
     return KernelVariant(
-        name=f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}",
+        name=(f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}"
+              f"_w{config.num_warps}{'_page_tile' if page_tile else ''}"),
         kernel=_paged_attention_kernel,
         signature=signature,
         constexprs={"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_D": block_d,
-                    "UPCAST": False},
+                    "PAGE_TILE": page_tile, "UPCAST": False},
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        divisible_by_16=("head_dim",),
     )
 
 
-def _combine_variant(dtype: torch.dtype, block_d: int) -> KernelVariant:
+def _combine_variant(dtype: torch.dtype, block_d: int, block_n: int) -> KernelVariant:
     signature = {
         "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "ctx_len_ptr": "*i32",
         "q_len_ptr": "*i32", "out_ptr": POINTER_TYPES[dtype],
@@ -778,27 +844,30 @@ def _combine_variant(dtype: torch.dtype, block_d: int) -> KernelVariant:
     for name in ("ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "head_dim",
                  "page_size", "table_width", "num_splits"):
         signature[name] = "i32"
-    signature.update(BLOCK_M="constexpr", BLOCK_D="constexpr")
+    signature.update(BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_D="constexpr")
     return KernelVariant(
-        name=f"combine_{_SHORT[dtype]}_d{block_d}",
+        name=f"combine_{_SHORT[dtype]}_d{block_d}_n{block_n}",
         kernel=_combine_splits_kernel,
         signature=signature,
-        constexprs={"BLOCK_M": _COMBINE_BLOCK_M, "BLOCK_D": block_d},
+        constexprs={"BLOCK_M": _COMBINE_BLOCK_M, "BLOCK_N": block_n, "BLOCK_D": block_d},
         num_warps=4,
+        divisible_by_16=("head_dim",),
     )
 
 
 def kernel_variants() -> list[KernelVariant]:
     """Every specialisation :func:`paged_attention_triton` launches on a GPU: q dtype x
-    BLOCK_D (head sizes up to 256) x the tile configuration of decode windows (S * G <= 64
-    pairs) and of longer query ranges, plus the combine kernel per dtype and BLOCK_D.
-    (On the CPU, Triton's interpreter additionally runs bf16 with UPCAST, never compiled.)"""
+    BLOCK_D (head sizes up to 256) x every tile configuration of :func:`launch_config`
+    (decode windows with few or many programs, longer query ranges) x one page id per key
+    tile or per key, plus the combine kernel per dtype, BLOCK_D and BLOCK_N. (On the CPU,
+    Triton's interpreter additionally runs bf16 with UPCAST, never compiled.)"""
     variants = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for block_d in _HEAD_DIM_BLOCKS:
-            for pairs in (MAX_DECODE_ROWS, MAX_DECODE_ROWS + 1):
-                variant = _attention_variant(dtype, block_d, launch_config(dtype, block_d, pairs))
+            for config in launch_configs(dtype, block_d):
+                for page_tile in (False, True):
+                    variant = _attention_variant(dtype, block_d, config, page_tile)
+                    variants[variant.name] = variant
+                variant = _combine_variant(dtype, block_d, config.block_n)
                 variants[variant.name] = variant
-            variant = _combine_variant(dtype, block_d)
-            variants[variant.name] = variant
     return list(variants.values())

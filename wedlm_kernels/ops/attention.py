@@ -697,11 +697,10 @@ def paged_attention_into(
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
     num_splits = num_splits or default_splits
-    if num_splits > 1:
-        partial_out = torch.empty(batch * kv_heads, num_splits, pairs, head_dim,
-                                  dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(batch * kv_heads, num_splits, pairs, dtype=torch.float32,
-                                  device=q.device)
+    if num_splits > 1:  # one allocation for both
+        partials = batch * kv_heads * num_splits * pairs
+        buffer = torch.empty(partials * (head_dim + 1), dtype=torch.float32, device=q.device)
+        partial_out, partial_lse = buffer.split([partials * head_dim, partials])
     else:
         partial_out = partial_lse = _unused_fp32(q.device)  # never read or written
     block_d = head_dim_block(head_dim)

@@ -946,11 +946,15 @@ class SelectWorkspace:
 
     @classmethod
     def empty(cls, num_rows: int, num_splits: int, device: torch.device) -> "SelectWorkspace":
+        """The four tensors as views of one allocation (one allocator call per op call)."""
+        sizes = (num_rows, num_rows, num_rows * num_splits * 4, num_rows * num_splits)
+        buffer = torch.empty(sum(sizes), dtype=torch.int32, device=device)
+        row_sequence, floor, partial_float, partial_index = buffer.split(sizes)
         return cls(
-            torch.empty(num_rows, dtype=torch.int32, device=device),
-            torch.empty(num_rows, dtype=torch.float32, device=device),
-            torch.empty((num_rows, num_splits, 4), dtype=torch.float32, device=device),
-            torch.empty((num_rows, num_splits), dtype=torch.int32, device=device),
+            row_sequence,
+            floor.view(torch.float32),
+            partial_float.view(torch.float32).view(num_rows, num_splits, 4),
+            partial_index.view(num_rows, num_splits),
         )
 
 

@@ -286,6 +286,13 @@ MUTATIONS: list[Mutation] = [
         keyword="neither_written_nor_read",
     ),
     Mutation(
+        "attention-kernel-combine-splits-per-sequence", ATTENTION,
+        (("row_splits = tl.cdiv(row_keys, keys_per_split)  # [BLOCK_M]",
+          "row_splits = tl.cdiv(sequence_keys, keys_per_split) + 0 * row_keys  # [BLOCK_M]"),),
+        ATTENTION_KERNEL_TESTS, "the combine reads the splits of the sequence's last row for "
+        "every row", keyword="neither_written_nor_read",
+    ),
+    Mutation(
         "attention-kernel-page-tile-misapplied", ATTENTION,
         (("PAGE_TILE=page_size % block_n == 0", "PAGE_TILE=block_n % page_size == 0"),),
         ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+import wedlm_kernels as wk
 from reference import attention as ref
 from tests.kernel_harness import guarded
 from wedlm_kernels import _library
@@ -181,18 +182,26 @@ def test_split_count_changes_results_only_by_rounding(dtype):
 
 
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (4, 16), (64, 16)])
-def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_size, block_n):
+@pytest.mark.parametrize("window", ["one tile", "rows ending in different splits"])
+def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_size, block_n,
+                                                             window):
     """Partial buffers start as NaN: a split without keys of a row must be skipped by the
     attention kernel (no write) and by the combine (no read), or NaN reaches the output.
-    12 splits of at least one 16-key tile over 45 keys: splits 3.. hold nothing; rows of
-    one window end their keys in different splits. Pages of 16 and 64 load one page id per
-    key tile, pages of 4 one per key."""
+    12 splits of 16-key tiles. "one tile": 45 keys, splits 3.. hold nothing. "rows ending in
+    different splits": 20 rows after 5 positions, GQA 2, 16-pair query tiles, so tile 0's
+    rows end their keys in split 0 while later tiles reach split 1, and row 11 ends exactly
+    at a split boundary (key 16). Pages of 16 and 64 load one page id per key tile, pages of
+    4 one per key."""
     g = torch.Generator().manual_seed(21)
-    ctx, rows, group, head_dim = 40, 5, 2, 16
-    table, num_pages = _scattered_layout([ctx, 3], [rows, 2], rows, page_size, 2, g)
+    if window == "one tile":
+        ctx_len, q_len, rows, group, block_m = [40, 3], [5, 2], 5, 2, None
+    else:
+        ctx_len, q_len, rows, group, block_m = [5, 14], [20, 3], 20, 2, 16
+    head_dim = 16
+    table, num_pages = _scattered_layout(ctx_len, q_len, rows, page_size, 2, g)
     q = torch.randn(2, rows, group, head_dim, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
-    args = (q, k_cache, v_cache, _table(table), _lengths([ctx, 3]), _lengths([rows, 2]), 0.3)
+    args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len), 0.3)
     empty = torch.empty
 
     def nan_filled(*shape, **options):
@@ -200,12 +209,21 @@ def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_
         return tensor.fill_(float("nan")) if tensor.dtype == torch.float32 else tensor
 
     monkeypatch.setattr(attention_ops.torch, "empty", nan_filled)
-    out = _run_kernel(args, num_splits=12, block_n=block_n)
+    out = _run_kernel(args, num_splits=12, block_n=block_n, block_m=block_m)
     monkeypatch.undo()
     expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
                                      for a in args])
     assert not expected.isnan().any()
     _assert_close(out, expected, torch.float32)
+
+
+def test_a_page_table_reaching_past_int32_positions_is_rejected():
+    q = torch.zeros(1, 4, 1, 16)
+    cache = torch.zeros(1, 2**16, 1, 16)
+    table = torch.zeros(1, 2**15, dtype=torch.int32)  # 2^31 positions
+    with pytest.raises(ValueError, match="`block_table` addresses"):
+        wk.paged_attention(q, cache, cache, table, _lengths([0]).cpu(), _lengths([4]).cpu(),
+                           0.25)
 
 
 def test_prefill_query_tiles_match_the_reference():
@@ -460,11 +478,14 @@ def test_split_kv_is_chosen_only_for_short_windows_that_underfill_the_device():
 
 
 def test_few_sequences_get_small_query_tiles_and_enough_splits():
-    """One sequence of a Qwen3-8B decode step (8 KV heads, 32 rows, GQA 4, 512 positions of
-    context): 16-pair query tiles (64 programs instead of 8), split so the grid reaches two
-    programs per multiprocessor; many sequences keep the 64-pair tiles and do not split."""
+    """One sequence of a Qwen3-8B decode step (8 KV heads, 32 rows, GQA 4, a page table of
+    560 positions): 16-pair query tiles (64 programs instead of 8), split so the grid reaches
+    two programs per multiprocessor, at most one split per 32-key tile of the table; many
+    sequences keep the 64-pair tiles and do not split."""
     config, splits = attention_ops.schedule(torch.bfloat16, 1, 8, 32, 4, 128, 35 * 16, 132)
-    assert config.block_m == 16 and splits == min(triton_cdiv(264, 8 * 8), 35 * 16 // 64)
+    assert config.block_m == 16 and splits == min(triton_cdiv(264, 8 * 8), 35 * 16 // 32)
+    config, splits = attention_ops.schedule(torch.bfloat16, 1, 8, 32, 4, 128, 2 * 32, 132)
+    assert splits == 2  # a table of two key tiles
     config, splits = attention_ops.schedule(torch.bfloat16, 64, 8, 16, 4, 128, 35 * 16, 132)
     assert config.block_m == 64 and splits == 1
 

@@ -97,6 +97,11 @@ def paged_attention(
             f"`k_cache`"
         )
     check_tensor("block_table", block_table, torch.int32, ("B", "P"), dims)
+    if dims["P"] * dims["page_size"] + dims["S"] > MAX_POSITIONS:
+        raise ValueError(
+            f"`block_table` addresses {dims['P']} x {dims['page_size']} positions: with "
+            f"{dims['S']} query rows, at most {MAX_POSITIONS} (positions are int32)"
+        )
     check_tensor("ctx_len", ctx_len, torch.int32, ("B",), dims)
     check_tensor("q_len", q_len, torch.int32, ("B",), dims)
     check_float("scale", scale)
@@ -232,7 +237,8 @@ def paged_attention_fake(
 # sequence's keys are cut into num_splits chunks, one program each. num_splits is fixed by
 # the launcher from shapes (an upper bound, so a call can be captured in a CUDA graph); the
 # chunk size is computed on the device from the sequence's own key count,
-#     keys_per_split = ceil(ceil(min(ctx + live, capacity) / num_splits) / BLOCK_N) * BLOCK_N,
+#     keys_per_split = max(ceil(ceil(K / num_splits) / BLOCK_N), 1) * BLOCK_N,
+#     K = clamp(ctx + live, 0, capacity) (the keys of the sequence's last live row),
 # so the keys are spread over the splits whatever the page table's capacity, and a split
 # that starts past a tile's last key exits without reading or writing anything. A program
 # stores its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the
@@ -253,7 +259,9 @@ def paged_attention_fake(
 #   to every row.
 # - rows j >= clamp(q_len, 0, S) are zero; a row with ctx + j < 0 (no visible key) or
 #   ctx + j >= P * page_size (a needed position beyond the page table) is NaN.
-# - positions are int32 (P * page_size < 2^31); every address is computed in int64.
+# - positions are int32: the public function requires P * page_size + S <= 2^31 - 2^16, so
+#   ctx + S and every split end (at most 64 splits of 64 keys past the keys) fit; every
+#   address is computed in int64.
 
 _LOG2_E = 1.4426950408889634
 
@@ -421,7 +429,7 @@ def _paged_attention_kernel(
         # row r sees key n iff n <= last_key[r] (and n in range), so it sees a non-finite
         # value in column d iff the first in-range key holding one there is <= last_key[r]
         first_non_finite = tl.min(
-            tl.where(finite | (in_range[:, None] == 0), 2**30, keys[:, None]), axis=0)  # [D]
+            tl.where(finite | (in_range[:, None] == 0), 2**31 - 1, keys[:, None]), axis=0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v_finite, input_precision="ieee")
         acc = tl.where(first_non_finite[None, :] <= last_key[:, None], float("nan"), acc)
         m_i = m_new
@@ -523,10 +531,11 @@ def _combine_splits_kernel(
 #
 # Tiles (BLOCK_M pairs x BLOCK_N keys x BLOCK_D): fp16/bf16 products run on tensor cores with
 # 128 x 32 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, 64 x 32 for
-# decode windows (S * G <= 64 pairs) and small heads, 64 x 16 for heads of 256. When the grid
-# of those query tiles would leave most multiprocessors idle (few sequences and KV heads),
-# decode windows use 16 x 32 tiles instead: four times the programs, each with a quarter of
-# the registers. fp32 takes exact fp32 products ("ieee", no TF32) with small tiles. Each
+# decode windows (S * G <= 64 pairs) and small heads, 64 x 16 for heads of 256. When a decode
+# window's grid of those query tiles has fewer programs than the GPU has multiprocessors (few
+# sequences and KV heads), fp16/bf16 use 16 x 32 tiles instead, for any head size: up to four
+# times the programs (when S * G >= 64), each with fewer registers. fp32 takes exact fp32
+# products ("ieee", no TF32) with small tiles. Each
 # choice is the largest tile that compiles for sm_90 without spilling registers to local
 # memory (ptxas, as checked by tests/test_kernels_compile_sm90.py); the 64-key tiles used
 # before spilled 150 bytes per thread at head_dim 128 (3 KiB before the non-finite tracking
@@ -542,6 +551,7 @@ def _combine_splits_kernel(
 #   device (see the kernel), then the combine kernel merges the splits.
 
 MAX_DECODE_ROWS = 64  # windows up to this many rows may split the keys
+MAX_POSITIONS = 2**31 - 2**16  # P * page_size + S: int32 positions with room for split ends
 MAX_SPLITS = 64
 SPLIT_TARGET_WAVES = 2  # programs per multiprocessor the split schedule aims for
 MIN_KERNEL_HEAD_DIM = 2  # head sizes outside [2, 256] use the PyTorch implementation
@@ -601,7 +611,7 @@ def _multiprocessors(device: torch.device) -> int:
     return _MULTIPROCESSORS[index]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)
 def schedule(
     dtype: torch.dtype, batch: int, kv_heads: int, rows: int, group: int, head_dim: int,
     capacity: int, multiprocessors: int,

@@ -45,8 +45,8 @@ import torch
 from bench import host_overhead
 from bench.common import (
     CPU_LABEL,
-    NO_GPU_MESSAGE,
     RESULTS_ROOT,
+    bench_main,
     command_line,
     copy_bandwidth,
     device_info,
@@ -387,14 +387,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        print(NO_GPU_MESSAGE)
-        return 0
-    report = run(args, argv)
-    print((Path(report["out_dir"]) / "decode_step.md").read_text())
-    return 0
+    return bench_main(argv, parse_args, run, lambda report: [], "decode_step.md")
 
 
 if __name__ == "__main__":

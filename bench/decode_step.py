@@ -254,12 +254,12 @@ def paged_attention_probe_us(device: torch.device) -> float:
     g = torch.Generator(device=device).manual_seed(2)
     heads, kv_heads, head_dim, rows, context = 32, 8, 128, 32, 512
     pages = (context + rows) // PAGE_SIZE + 1
-    q = torch.randn(1, rows, heads, head_dim, generator=g, device=device).bfloat16()
+    q = torch.randn(rows, heads, head_dim, generator=g, device=device).bfloat16()
     k_cache, v_cache = (torch.randn(pages, PAGE_SIZE, kv_heads, head_dim, generator=g,
                                     device=device).bfloat16() for _ in range(2))
     args = (q, k_cache, v_cache, torch.arange(pages, dtype=torch.int32, device=device)[None],
-            torch.tensor([context], dtype=torch.int32, device=device),
-            torch.tensor([rows], dtype=torch.int32, device=device), head_dim**-0.5)
+            torch.tensor([0, rows], dtype=torch.int32, device=device),
+            torch.tensor([context], dtype=torch.int32, device=device), head_dim**-0.5)
     return time_graph_cuda(lambda: wk.paged_attention(*args), replays=50).median_us
 
 

@@ -6,8 +6,8 @@
 In eager mode the host issues a decode step op by op, so the time it spends in each call
 (argument checks, dispatch, the launcher's Python, the kernel launches) is paid on every
 op of every layer whenever the step is not captured in a CUDA graph. On CUDA each op is
-called ``CALLS`` times back to back at Qwen3-8B decode shapes (one sequence, a window of 16
-slots of capacity 32, 512 positions of context); the device runs these tiny calls faster than
+called ``CALLS`` times back to back at Qwen3-8B decode shapes (one sequence, a window of 19
+live rows in a capacity of 32 slots, 512 positions of context); the device runs these tiny calls faster than
 the host issues them, so the wall time per call is the host time. Three entry points per
 op: the public function (``wk.<op>``), the ``torch.library`` dispatcher
 (``torch.ops.wedlm.<op>``) and the Triton launcher alone; plus an empty Triton kernel as
@@ -77,13 +77,14 @@ def decode_inputs(device: torch.device, small: bool) -> dict[str, tuple]:
     import wedlm_kernels as wk
 
     return {
-        "reorder_window": (win_tokens, win_mask, win_len, ctx_len, block_table, page_size),
+        "reorder_window": (win_tokens, win_mask, win_len, ctx_len, block_table, page_size,
+                           window + 3),
         "rope_kv_append": (q, k, v, torch.arange(slots, device=device) + context,
                            wk.rope_cache(context + slots, head_dim, 1e6, device), k_cache,
                            v_cache, torch.arange(slots, device=device) + context,
                            randn(head_dim), randn(head_dim), 1e-6),
-        "paged_attention": (randn(1, slots, heads, head_dim), k_cache, v_cache, block_table,
-                            ctx_len, win_len, head_dim**-0.5),
+        "paged_attention": (randn(window + 3, heads, head_dim), k_cache, v_cache, block_table,
+                            torch.tensor([0, window + 3], **i32), ctx_len, head_dim**-0.5),
         "select_tokens": (randn(rows, vocab), cu_rows, row_pos, torch.zeros(1, **f32),
                           torch.zeros(1, **i32), torch.ones(1, **f32),
                           torch.full((1,), 0.4, **f32), torch.full((1,), 0.02, **f32),

@@ -338,9 +338,9 @@ def reorder_bytes(state: dict, page_size: int) -> dict[str, int]:
     """Bytes one reorder_window call must move.
 
     Reads the tokens (int64) and mask bits of the live slots, win_len and ctx_len, and the
-    block_table entries of the pages the live rows' positions fall in; writes the five
-    outputs in full (padding rows included): input_ids, positions, slot_mapping [B, S]
-    int64, order [B, S] int32, n_filled [B] int32.
+    block_table entries of the pages the live rows' positions fall in; writes the packed
+    outputs, one row per live slot: input_ids, positions, slot_mapping int64, order int32,
+    and query_start [B+1], n_filled [B] int32.
     """
     batch, slots = state["win_tokens"].shape
     live = live_slots(state)
@@ -352,9 +352,9 @@ def reorder_bytes(state: dict, page_size: int) -> dict[str, int]:
         "read win_mask (live slots)": live,
         "read win_len, ctx_len": 8 * batch,
         "read block_table entries": 4 * pages_touched,
-        "write input_ids, positions, slot_mapping": 3 * 8 * batch * slots,
-        "write order": 4 * batch * slots,
-        "write n_filled": 4 * batch,
+        "write input_ids, positions, slot_mapping": 3 * 8 * live,
+        "write order": 4 * live,
+        "write query_start, n_filled": 4 * (2 * batch + 1),
     }
 
 
@@ -365,14 +365,14 @@ def reorder_case(sizes: Sizes, launchers: dict, batch: int, page_size: int, time
     block_table = block_table_for(sizes, batch, page_size, generator)
     args = [state["win_tokens"], state["win_mask"], state["win_len"], state["ctx_len"],
             block_table]
-    args = [tensor.to(timer.device) for tensor in args] + [page_size]
+    args = [tensor.to(timer.device) for tensor in args] + [page_size, live_slots(state)]
     impls = {"torch": launchers["torch"]}
     if launchers["triton"] is not None:
         impls = {"triton": launchers["triton"], **impls}
 
     check = {}
     if "triton" in impls:
-        names = ("input_ids", "positions", "slot_mapping", "order", "n_filled")
+        names = ("input_ids", "positions", "slot_mapping", "order", "query_start", "n_filled")
         got, expected = impls["triton"](*args), impls["torch"](*args)
         equal = {name: bool(torch.equal(a, b)) for name, a, b in zip(names, got, expected)}
         check["triton_vs_torch"] = {"equal": equal, "ok": all(equal.values())}
@@ -401,17 +401,18 @@ def commit_inputs(sizes: Sizes, batch: int, seed: int, reorder_torch: Callable) 
     padding); half of them are selected; each sampled token is a random id.
     """
     generator = torch.Generator().manual_seed(seed)
-    window, slots, vocab = sizes.window, sizes.slots, sizes.vocab
+    window, vocab = sizes.window, sizes.vocab
     state = window_state(sizes, batch, generator)
     block_table = block_table_for(sizes, batch, 16, generator)
-    _, _, _, order, n_filled = reorder_torch(
+    live = live_slots(state)
+    _, _, _, order, query_start, n_filled = reorder_torch(
         state["win_tokens"], state["win_mask"], state["win_len"], state["ctx_len"],
-        block_table, 16)
-    physical = n_filled[:, None].long() + torch.arange(window)
-    is_mask_row = physical < state["win_len"][:, None]
+        block_table, 16, live)
+    mask_row = (query_start[:-1] + n_filled)[:, None].long() + torch.arange(window)
+    is_mask_row = mask_row < query_start[1:, None]
     row_pos = torch.where(
         is_mask_row,
-        state["ctx_len"][:, None].long() + order.gather(1, physical.clamp(max=slots - 1)).long(),
+        state["ctx_len"][:, None].long() + order[mask_row.clamp(max=max(live - 1, 0))].long(),
         -1,
     ).reshape(-1)
     rows = batch * window

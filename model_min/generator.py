@@ -1,4 +1,4 @@
-"""Batched WeDLM decoding on the public ops (ALGORITHM.md section 4, docs/contracts.md
+"""Batched WeDLM decoding on the public ops (docs/algorithm.md section 4, docs/contracts.md
 "Decoding loop around the ops").
 
 A streaming / block-wise decode step is, for the whole batch at once and without any host
@@ -36,7 +36,7 @@ Prompt = Union[str, Sequence[int]]
 
 @dataclass
 class SamplingParams:
-    """Per-request decoding parameters (ALGORITHM.md section 4)."""
+    """Per-request decoding parameters (docs/algorithm.md section 4)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0  # <= 0: greedy
@@ -92,6 +92,19 @@ class _Request:
     @property
     def max_new(self) -> int:
         return max(self.params.max_new_tokens, 0)
+
+
+def row_bucket(live_rows: int, most: int) -> int:
+    """The packed rows a CUDA graph is captured for: ``live_rows`` itself up to 16, above
+    that the smallest ``(8 + k) * 2**e`` (``k < 8``) that holds them (18, 20, .., 32, 36,
+    .., 64, 72, ..), capped at ``most`` (the batch's ``B * 2W``; 0 rows: no step at all).
+    Eight buckets per doubling: a step feeds less than 12.5% padding rows at every size, and
+    row counts up to 4096 need at most 80 graphs (each captured when first used)."""
+    bucket = live_rows
+    if bucket > 8:
+        step = 1 << (bucket.bit_length() - 4)  # 2^(e) with 8 * 2^e <= live_rows < 16 * 2^e
+        bucket = -(-bucket // step) * step
+    return min(bucket, most)
 
 
 def _int64(value: int) -> int:
@@ -313,16 +326,29 @@ class Generator:
         return (state.take(keep) if keep else None), [owners[i] for i in keep]
 
     def _run(self, state: BatchState, owners: list) -> tuple[BatchState, list]:
-        """``poll_every`` decode steps, no host synchronisation."""
+        """``poll_every`` decode steps. A window step reads one number back, its live-row
+        count (see :meth:`_rows_for_step`); nothing else synchronises with the host."""
         if self.graphs is None:
             self._owner_ids = [r.index for r in owners]
             for _ in range(self.poll_every):
-                self._step(state)
+                self._step(state, num_rows=self._rows_for_step(state))
             return state, owners
         size = bucket_size(len(owners), self.max_batch)
         padded = state.padded(size, self.mask_token_id or 0)
         owners = owners + [None] * (size - len(owners))
-        return self.graphs.run(padded, self.poll_every, self._mode), owners
+        return self.graphs.run(padded, self.poll_every, self._mode, self._rows_for_step), owners
+
+    def _rows_for_step(self, state: BatchState) -> int | None:
+        """The packed rows of the next window step: its live-row count, the one value a step
+        reads back (about 10-20 us of host round trip on a GPU; the step then feeds only the
+        live rows instead of ``B * 2W``). With CUDA graphs, the smallest row bucket that
+        holds it (:func:`row_bucket`). AR steps feed one row per sequence: None."""
+        if self._mode == "ar":
+            return None
+        live_rows = int(state.win_len.clamp(0, state.win_tokens.shape[1]).sum())
+        if self.graphs is None:
+            return live_rows
+        return row_bucket(live_rows, state.size * state.win_tokens.shape[1])
 
     def _poll(self, state, owners, results, emitted, on_tokens):
         """Hand back finished requests, free their pages, compact the batch."""
@@ -407,11 +433,9 @@ class Generator:
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
         )
-        longest = max(len(r.prompt) for r in requests)
-        if longest == 0:
+        if not any(r.prompt for r in requests):
             return state
-        input_ids = tensor(padded_rows([r.prompt for r in requests], longest, 0), torch.int64)
-        last_hidden = self.model.prefill(input_ids, prompt_len, block_table, self.cache)
+        last_hidden = self.model.prefill([r.prompt for r in requests], block_table, self.cache)
         if ar:
             # The one prefill that computes logits: the last prompt row predicts position L.
             live = torch.ones(count, dtype=torch.bool, device=device)
@@ -420,33 +444,42 @@ class Generator:
 
     # ---------------------------------------------------------------- one decode step
 
-    def _step(self, state: BatchState, mode: str | None = None) -> None:
-        """One decode step of the whole batch, in place, without host synchronisation."""
+    def _step(self, state: BatchState, mode: str | None = None,
+              num_rows: int | None = None) -> None:
+        """One decode step of the whole batch, in place, without host synchronisation;
+        ``num_rows``: the packed rows of a window step (at least its live rows)."""
         mode = mode or self._mode
         if mode == "ar":
             self._ar_step(state)
         else:
-            self._window_step(state, blockwise=mode == "blockwise")
+            self._window_step(state, blockwise=mode == "blockwise", num_rows=num_rows)
 
-    def _window_step(self, s: BatchState, blockwise: bool) -> None:
+    def _window_step(self, s: BatchState, blockwise: bool, num_rows: int) -> None:
         model, window = self.model, self.window
-        batch, capacity = s.win_tokens.shape
-        input_ids, positions, slot_mapping, order, n_filled = wk.reorder_window(
-            s.win_tokens, s.win_mask, s.win_len, s.ctx_len, s.block_table, self.page_size
+        batch = s.size
+        if num_rows == 0:  # every window is empty: no sequence is live
+            return
+        input_ids, positions, slot_mapping, order, query_start, n_filled = wk.reorder_window(
+            s.win_tokens, s.win_mask, s.win_len, s.ctx_len, s.block_table, self.page_size,
+            num_rows,
         )
         hidden = model.forward(
-            input_ids, positions, slot_mapping, s.block_table, s.ctx_len, s.win_len, self.cache
+            input_ids, positions, slot_mapping, s.block_table, query_start, s.ctx_len,
+            self.cache,
         )
-        # Mask rows are physical rows n_filled .. win_len-1 (at most W of them): gather them
-        # into W fixed rows per sequence; the rest of the W are padding (row_pos = -1).
-        physical = n_filled[:, None].long() + torch.arange(window, device=self._device)
-        is_mask_row = physical < s.win_len[:, None]
-        physical = physical.clamp(max=capacity - 1)
-        mask_hidden = hidden.gather(1, physical[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        logits = model.logits(mask_hidden.reshape(batch * window, -1))
+        # The mask rows of sequence b are its packed rows query_start[b] + n_filled[b] ..
+        # query_start[b+1] - 1 (at most W of them): gather them into W fixed rows per
+        # sequence; the rest of the W are padding (row_pos = -1).
+        mask_row = ((query_start[:-1] + n_filled)[:, None].long()
+                    + torch.arange(window, device=self._device))  # [B, W]
+        is_mask_row = mask_row < query_start[1:, None]
+        mask_row = mask_row.clamp(max=num_rows - 1).reshape(-1)
+        logits = model.logits(hidden.index_select(0, mask_row))
         row_pos = torch.where(
-            is_mask_row, s.ctx_len[:, None].long() + order.gather(1, physical).long(), -1
-        ).reshape(-1)
+            is_mask_row.reshape(-1),
+            s.ctx_len.repeat_interleave(window).long() + order.index_select(0, mask_row).long(),
+            -1,
+        )
         cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
                                device=self._device)
         token, selected, _ = wk.select_tokens(
@@ -472,19 +505,21 @@ class Generator:
         return record
 
     def _ar_step(self, s: BatchState) -> None:
-        """Feed each live sequence's last token (position ``L - 1``); its logits predict
-        position ``L``."""
+        """Feed each sequence's last token (position ``L - 1``), one packed row each; its
+        logits predict position ``L``. Finished sequences feed a row that writes no K/V and
+        whose logits are ignored (the host drops them at the next poll)."""
         live = ~s.finished
-        last_position = (s.ctx_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]
+        last_position = (s.ctx_len.long() - 1).clamp(min=0)  # [B]
         last_index = (s.out_len.long() - 1).clamp(min=0)[:, None]
-        last_token = s.out_tokens.gather(1, last_index)
-        slot_mapping = slot_mapping_for(s.block_table, last_position, live[:, None],
-                                        self.page_size)
+        last_token = s.out_tokens.gather(1, last_index)[:, 0]
+        slot_mapping = slot_mapping_for(s.block_table, last_position[:, None], live[:, None],
+                                        self.page_size)[:, 0]
+        query_start = torch.arange(s.size + 1, dtype=torch.int32, device=self._device)
         hidden = self.model.forward(
-            last_token, last_position, slot_mapping, s.block_table,
-            last_position[:, 0].to(torch.int32), live.to(torch.int32), self.cache,
+            last_token, last_position, slot_mapping, s.block_table, query_start,
+            last_position.to(torch.int32), self.cache,
         )
-        self._ar_commit(s, self.model.logits(hidden[:, 0]), live)
+        self._ar_commit(s, self.model.logits(hidden), live)
 
     def _ar_commit(self, s: BatchState, logits: torch.Tensor, live: torch.Tensor) -> None:
         """Sample position ``L`` like a select_tokens row (threshold -inf) and append it

@@ -1,4 +1,4 @@
-"""The Qwen-family decoder (ALGORITHM.md section 1) on the paged KV cache.
+"""The Qwen-family decoder (docs/algorithm.md section 1) on the paged KV cache.
 
 Per layer (pre-norm)::
 
@@ -86,22 +86,20 @@ class Model:
         positions: torch.Tensor,
         slot_mapping: torch.Tensor,
         block_table: torch.Tensor,
+        query_start: torch.Tensor,
         ctx_len: torch.Tensor,
-        q_len: torch.Tensor,
         cache: KVCache,
     ) -> torch.Tensor:
-        """Hidden states ``[B, S, hidden]`` (before the final norm) of the rows
-        ``input_ids [B, S]``.
+        """Hidden states ``[N, hidden]`` (before the final norm) of the packed rows
+        ``input_ids [N]``.
 
-        Row ``j`` of sequence ``b`` has RoPE position ``positions[b, j]``, writes its K/V at
-        ``slot_mapping[b, j]`` (-1: nowhere) and attends to cache positions
-        ``0 .. ctx_len[b] + j``; rows ``j >= q_len[b]`` are padding.
+        Rows ``query_start[b] .. query_start[b+1] - 1`` belong to sequence ``b``; row ``r``
+        has RoPE position ``positions[r]`` and writes its K/V at ``slot_mapping[r]`` (-1:
+        nowhere); the ``j``-th row of sequence ``b`` attends to cache positions
+        ``0 .. ctx_len[b] + j``. Rows at or after ``query_start[B]`` are padding.
         """
         c = self.config
-        batch, rows = input_ids.shape
-        flat_positions = positions.reshape(-1)
-        flat_slots = slot_mapping.reshape(-1)
-        x = F.embedding(input_ids.reshape(-1), self.embed_tokens)  # [B*S, hidden]
+        x = F.embedding(input_ids, self.embed_tokens)  # [N, hidden]
         # The residual stream x and the normalised input h of the next block: every residual
         # add is folded into the norm that follows it (one fused launch on CUDA), the last
         # one is a plain add.
@@ -113,26 +111,20 @@ class Model:
                 q.unflatten(-1, (c.num_heads, c.head_dim)),
                 k.unflatten(-1, (c.num_kv_heads, c.head_dim)),
                 v.unflatten(-1, (c.num_kv_heads, c.head_dim)),
-                flat_positions,
+                positions,
                 self.cos_sin,
                 cache.k[layer],
                 cache.v[layer],
-                flat_slots,
+                slot_mapping,
                 weights.q_norm,
                 weights.k_norm,
                 c.rms_norm_eps,
             )
             attention = wk.paged_attention(
-                q.view(batch, rows, c.num_heads, c.head_dim),
-                cache.k[layer],
-                cache.v[layer],
-                block_table,
-                ctx_len,
-                q_len,
+                q, cache.k[layer], cache.v[layer], block_table, query_start, ctx_len,
                 self.scale,
             )
-            attention_out = F.linear(attention.reshape(batch * rows, -1), weights.o_weight,
-                                     weights.o_bias)
+            attention_out = F.linear(attention.flatten(1), weights.o_weight, weights.o_bias)
             h, x = add_rms_norm(attention_out, x, weights.post_attention_norm, c.rms_norm_eps)
             mlp_out = F.linear(silu_mul(F.linear(h, weights.gate_up_weight)), weights.down_weight)
             if layer + 1 < len(self.layers):
@@ -140,7 +132,7 @@ class Model:
                                     c.rms_norm_eps)
             else:
                 x = x + mlp_out
-        return x.view(batch, rows, -1)
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and ``lm_head`` of the rows ``hidden [..., hidden]`` -> ``[..., V]``."""
@@ -148,22 +140,32 @@ class Model:
 
     def prefill(
         self,
-        input_ids: torch.Tensor,
-        prompt_len: torch.Tensor,
+        prompts: list[list[int]],
         block_table: torch.Tensor,
         cache: KVCache,
     ) -> torch.Tensor:
-        """Run the prompts ``input_ids [B, Lmax]`` (row ``b`` valid for ``j < prompt_len[b]``)
-        causally to fill the cache at positions ``0 .. prompt_len[b]-1``. Computes no logits;
-        returns the hidden state ``[B, hidden]`` of each prompt's last row (row 0 for an
-        empty prompt), which only AR decoding turns into logits."""
-        batch, rows = input_ids.shape
-        positions = torch.arange(rows, device=self.device).expand(batch, rows)
-        valid = positions < prompt_len[:, None]
-        slot_mapping = slot_mapping_for(block_table, positions, valid, cache.page_size)
-        ctx_len = torch.zeros_like(prompt_len)
+        """Run the prompts causally, packed back to back, to fill the cache at positions
+        ``0 .. len(prompt) - 1``. Computes no logits; returns the hidden state ``[B, hidden]``
+        of each prompt's last row (meaningless for an empty prompt), which only AR decoding
+        turns into logits."""
+        lengths = [len(prompt) for prompt in prompts]
+        starts = [0]
+        for length in lengths:
+            starts.append(starts[-1] + length)
+        device = self.device
+        input_ids = torch.tensor([t for prompt in prompts for t in prompt], dtype=torch.int64,
+                                 device=device)
+        query_start = torch.tensor(starts, dtype=torch.int32, device=device)
+        sequence = torch.repeat_interleave(
+            torch.arange(len(prompts), device=device),
+            torch.tensor(lengths, device=device))
+        positions = torch.arange(starts[-1], device=device) - query_start[sequence].long()
+        slot_mapping = slot_mapping_for(block_table[sequence], positions[:, None],
+                                        torch.ones_like(positions[:, None], dtype=torch.bool),
+                                        cache.page_size)[:, 0]
+        ctx_len = torch.zeros(len(prompts), dtype=torch.int32, device=device)
         hidden = self.forward(
-            input_ids, positions, slot_mapping, block_table, ctx_len, prompt_len, cache
+            input_ids, positions, slot_mapping, block_table, query_start, ctx_len, cache
         )
-        last = (prompt_len.long() - 1).clamp(min=0)
-        return hidden[torch.arange(batch, device=self.device), last]
+        last = torch.tensor([max(start - 1, 0) for start in starts[1:]], device=device)
+        return hidden[last.clamp(max=max(starts[-1] - 1, 0))]

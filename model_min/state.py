@@ -1,4 +1,4 @@
-"""The decoder state of a batch (DESIGN.md section 3): fixed-shape device tensors, one row
+"""The decoder state of a batch (docs/algorithm.md section 6): fixed-shape device tensors, one row
 per sequence.
 
 A decode step reads and mutates these tensors in place and nothing else, so it can be

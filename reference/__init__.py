@@ -1,1 +1,1 @@
-"""The specification in code: literal, loop-based reference implementations (the test oracle)."""
+"""The algorithm and the op contracts in code: literal, loop-based reference implementations (the test oracle)."""

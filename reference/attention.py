@@ -1,9 +1,10 @@
 """Reference paged attention (docs/contracts.md, "paged_attention").
 
-Row ``j < q_len[b]`` of sequence ``b`` attends to key positions ``0 .. ctx_len[b] + j``
-(inclusive; the bottom-right aligned causal mask). Position ``t`` lives in the cache at page
-``block_table[b, t // page_size]``, offset ``t % page_size``. Query head ``h`` reads KV head
-``h // (Hq // Hkv)``. The softmax of ``scale * q.k`` is taken in float64.
+Queries are packed: the rows of sequence ``b`` are ``q[query_start[b] : query_start[b+1]]``;
+its ``j``-th row sits at position ``ctx_len[b] + j`` and attends to key positions
+``0 .. ctx_len[b] + j`` (inclusive; the bottom-right aligned causal mask). Position ``t`` lives
+in the cache at page ``block_table[b, t // page_size]``, offset ``t % page_size``. Query head
+``h`` reads KV head ``h // (Hq // Hkv)``. The softmax of ``scale * q.k`` is taken in float64.
 """
 
 import math
@@ -28,34 +29,35 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Float64 ``[B, S, Hq, D]``: attention rows, zeros for ``j >= q_len`` (clamped to
-    ``[0, S]``), NaN rows where a needed position is not covered by ``block_table`` or no
+    """Float64 ``[N, Hq, D]``: the attention of every sequence's rows; zeros for rows outside
+    every sequence; NaN rows where a needed position is not covered by ``block_table`` or no
     position is visible at all (``ctx_len + j < 0``)."""
-    batch, rows, q_heads, head_dim = q.shape
+    num_rows, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = q_heads // kv_heads
-    out = torch.zeros(batch, rows, q_heads, head_dim, dtype=torch.float64)
-    for b in range(batch):
-        live_rows = min(max(int(q_len[b]), 0), rows)
+    out = torch.zeros(num_rows, q_heads, head_dim, dtype=torch.float64)
+    for b in range(block_table.shape[0]):
+        first, end = int(query_start[b]), min(int(query_start[b + 1]), num_rows)
+        ctx = int(ctx_len[b])
         # the sequence's keys and values in position order, read through its page table
         keys, values = [], []
-        for pos in range(int(ctx_len[b]) + live_rows):
+        for pos in range(max(ctx + end - first, 0)):
             keys.append(_read_position(k_cache, block_table[b], pos))
             values.append(_read_position(v_cache, block_table[b], pos))
-        for j in range(live_rows):
-            visible = range(int(ctx_len[b]) + j + 1)  # key positions 0 .. ctx_len + j
+        for j, row in enumerate(range(first, end)):
+            visible = range(ctx + j + 1)  # key positions 0 .. ctx_len + j
             if len(visible) == 0 or any(keys[pos] is None for pos in visible):
-                out[b, j] = math.nan
+                out[row] = math.nan
                 continue
             row_keys = torch.stack([keys[pos] for pos in visible])  # [n, Hkv, D]
             row_values = torch.stack([values[pos] for pos in visible])
             for h in range(q_heads):
                 kv_head = h // group
-                scores = row_keys[:, kv_head] @ q[b, j, h].to(torch.float64) * scale
+                scores = row_keys[:, kv_head] @ q[row, h].to(torch.float64) * scale
                 weights = torch.softmax(scores, dim=0)
-                out[b, j, h] = weights @ row_values[:, kv_head]
+                out[row, h] = weights @ row_values[:, kv_head]
     return out

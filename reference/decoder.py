@@ -1,13 +1,13 @@
-"""Reference WeDLM decoder without a KV cache (ALGORITHM.md section 4, docs/contracts.md
+"""Reference WeDLM decoder without a KV cache (docs/algorithm.md section 4, docs/contracts.md
 "Decoding loop around the ops").
 
 One sequence at a time, on Python lists. Every forward recomputes the whole sequence: the
 committed tokens at positions ``0..L-1`` followed by the window rows in reordered (physical)
 order, row ``j`` carrying slot ``order[j]`` at RoPE position ``L + order[j]``, under a plain
-causal mask. By the prefix-cacheability invariant (ALGORITHM.md section 3) its window logits
+causal mask. By the prefix-cacheability invariant (docs/algorithm.md section 3) its window logits
 equal those of the cached decoder, so this is the oracle for it.
 
-Numbered comments are the steps of ALGORITHM.md section 4; the early finish is rule 6 of
+Numbered comments are the steps of docs/algorithm.md section 4; the early finish is rule 6 of
 docs/contracts.md "commit_window".
 
 The model is any callable ``forward(input_ids [N] int64, position_ids [N] int64) -> logits
@@ -28,7 +28,7 @@ MODES = ("streaming", "blockwise", "ar")
 
 @dataclass
 class Params:
-    """Per-request decoding parameters (ALGORITHM.md section 4)."""
+    """Per-request decoding parameters (docs/algorithm.md section 4)."""
 
     max_new_tokens: int
     temperature: float = 0.0  # <= 0: greedy

@@ -1,4 +1,4 @@
-"""Reference Qwen3 / Qwen2.5 decoder forward (ALGORITHM.md section 1), in float64.
+"""Reference Qwen3 / Qwen2.5 decoder forward (docs/algorithm.md section 1), in float64.
 
 Per layer (pre-norm):
 
@@ -284,45 +284,39 @@ def forward_paged(
     positions: torch.Tensor,
     slot_mapping: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
 ) -> torch.Tensor:
-    """Logits ``[B, S, V]`` float64 through the paged KV cache (the decoder's cached path).
+    """Logits ``[N, V]`` float64 of packed rows through the paged KV cache (the decoder's
+    cached path).
 
     ``kv_caches``: one ``(k_cache, v_cache)`` pair per layer, each
-    ``[num_pages, page_size, Hkv, D]``, mutated. Row ``j`` of sequence ``b`` carries token
-    ``input_ids[b, j]`` at RoPE position ``positions[b, j]``; its K/V is written at
-    ``slot_mapping[b, j]`` (-1: dropped) and it attends to cache positions
-    ``0 .. ctx_len[b] + j``; rows ``j >= q_len[b]`` are padding (their logits are
-    meaningless).
+    ``[num_pages, page_size, Hkv, D]``, mutated. Rows ``query_start[b] ..
+    query_start[b+1] - 1`` belong to sequence ``b``; row ``r`` carries token
+    ``input_ids[r]`` at RoPE position ``positions[r]``, its K/V is written at
+    ``slot_mapping[r]`` (-1: dropped) and the ``j``-th row of sequence ``b`` attends to cache
+    positions ``0 .. ctx_len[b] + j``; rows at or after ``query_start[B]`` are padding (their
+    logits are meaningless).
     """
-    batch, rows = input_ids.shape
     heads, head_dim = config.num_attention_heads, config.head_dim
     eps = config.rms_norm_eps
     scale = 1.0 / math.sqrt(head_dim)
-    flat_positions = positions.reshape(-1)
-    flat_slots = slot_mapping.reshape(-1)
 
-    x = weights["model.embed_tokens.weight"][input_ids].to(torch.float64)  # [B, S, H]
+    x = weights["model.embed_tokens.weight"][input_ids].to(torch.float64)  # [N, H]
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}."
         k_cache, v_cache = kv_caches[layer]
         h = rms_norm(x, weights[prefix + "input_layernorm.weight"], eps)
-        q, k, v = _qkv(h.reshape(batch * rows, -1), weights, config, prefix)
+        q, k, v = _qkv(h, weights, config, prefix)
         q_norm = weights[prefix + "self_attn.q_norm.weight"] if config.qk_norm else None
         k_norm = weights[prefix + "self_attn.k_norm.weight"] if config.qk_norm else None
         q = rope_kv_append(
-            q, k, v, flat_positions, cos_sin, k_cache, v_cache, flat_slots, q_norm, k_norm, eps
+            q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps
         )
         attention = paged_attention(
-            q.reshape(batch, rows, heads, head_dim),
-            k_cache,
-            v_cache,
-            block_table,
-            ctx_len,
-            q_len,
-            scale,
-        ).reshape(batch, rows, heads * head_dim)
+            q.reshape(-1, heads, head_dim), k_cache, v_cache, block_table, query_start,
+            ctx_len, scale,
+        ).reshape(-1, heads * head_dim)
         x = x + _linear(attention, weights, prefix + "self_attn.o_proj", config.o_proj_bias)
         h = rms_norm(x, weights[prefix + "post_attention_layernorm.weight"], eps)
         x = x + _mlp(h, weights, prefix)

@@ -14,47 +14,51 @@ def reorder_window(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reordered window rows: ``(input_ids, positions, slot_mapping, order, n_filled)``.
+    num_rows: int,
+) -> tuple[torch.Tensor, ...]:
+    """Reordered window rows, packed: ``(input_ids, positions, slot_mapping, order,
+    query_start, n_filled)``.
 
-    Shapes and dtypes as the op: ``[B, S]`` int64 (ids, positions, slots), ``[B, S]`` int32
-    (order) and ``[B]`` int32 (n_filled).
+    Shapes and dtypes as the op: ``[num_rows]`` int64 (ids, positions, slots), ``[num_rows]``
+    int32 (order), ``[B+1]`` int32 (query_start) and ``[B]`` int32 (n_filled).
     """
     batch, slots = win_tokens.shape
     pages = block_table.shape[1]
     tokens, masks = win_tokens.tolist(), win_mask.tolist()
     lengths, contexts, tables = win_len.tolist(), ctx_len.tolist(), block_table.tolist()
 
-    input_ids = [[0] * slots for _ in range(batch)]
-    positions = [[0] * slots for _ in range(batch)]
-    slot_mapping = [[-1] * slots for _ in range(batch)]
-    order = [list(range(slots)) for _ in range(batch)]
-    n_filled = [0] * batch
+    # padding rows: id 0, position 0, no cache write, slot 0 of no window
+    input_ids, positions = [0] * num_rows, [0] * num_rows
+    slot_mapping, order = [-1] * num_rows, [0] * num_rows
+    query_start, n_filled = [0], [0] * batch
     for b in range(batch):
         n = min(max(lengths[b], 0), slots)
+        first = query_start[-1]
+        query_start.append(min(first + n, num_rows))
         ctx = contexts[b]
         # stable partition of the live slots: filled ones first, then the masks
         filled = [s for s in range(n) if not masks[b][s]]
         masked = [s for s in range(n) if masks[b][s]]
         n_filled[b] = len(filled)
-        order[b][:n] = filled + masked
-        for j in range(slots):
-            if j >= n:  # padding row: order = j (already), position L, no cache write, id 0
-                positions[b][j] = ctx
-                continue
-            input_ids[b][j] = tokens[b][order[b][j]]
-            positions[b][j] = ctx + order[b][j]  # logical position (RoPE)
+        for j, slot in enumerate(filled + masked):
+            row = first + j
+            if row >= num_rows:  # more live slots than rows: the rest is not fed
+                break
+            order[row] = slot
+            input_ids[row] = tokens[b][slot]
+            positions[row] = ctx + slot  # logical position (RoPE)
             physical = ctx + j  # the cache slot of the physical row
             page_index = physical // page_size
             if 0 <= page_index < pages and tables[b][page_index] >= 0:
-                slot_mapping[b][j] = tables[b][page_index] * page_size + physical % page_size
+                slot_mapping[row] = tables[b][page_index] * page_size + physical % page_size
 
     device = win_tokens.device
     return (
-        torch.tensor(input_ids, dtype=torch.int64, device=device).view(batch, slots),
-        torch.tensor(positions, dtype=torch.int64, device=device).view(batch, slots),
-        torch.tensor(slot_mapping, dtype=torch.int64, device=device).view(batch, slots),
-        torch.tensor(order, dtype=torch.int32, device=device).view(batch, slots),
+        torch.tensor(input_ids, dtype=torch.int64, device=device),
+        torch.tensor(positions, dtype=torch.int64, device=device),
+        torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+        torch.tensor(order, dtype=torch.int32, device=device),
+        torch.tensor(query_start, dtype=torch.int32, device=device),
         torch.tensor(n_filled, dtype=torch.int32, device=device),
     )
 

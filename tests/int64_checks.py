@@ -91,21 +91,21 @@ def paged_attention_cache(device: str = "cpu") -> None:
     for cache in (k_cache, v_cache):
         cache[pages] = torch.randn(len(pages), page_size, kv_heads, head_dim,
                                    generator=g).half().to(device)
-    q = torch.randn(1, rows, kv_heads * group, head_dim, generator=g).half().to(device)
+    q = torch.randn(rows, kv_heads * group, head_dim, generator=g).half().to(device)
     ctx_len = torch.tensor([100], dtype=torch.int32, device=device)
-    q_len = torch.tensor([rows], dtype=torch.int32, device=device)
+    query_start = torch.tensor([0, rows], dtype=torch.int32, device=device)
     block_table = torch.tensor([pages], dtype=torch.int32, device=device)
     compact = [cache[pages].clone() for cache in (k_cache, v_cache)]
     compact_table = torch.arange(len(pages), dtype=torch.int32, device=device)[None]
     scale = head_dim**-0.5
-    expected = paged_attention_torch(q, *compact, compact_table, ctx_len, q_len, scale)
+    expected = paged_attention_torch(q, *compact, compact_table, query_start, ctx_len, scale)
     assert torch.isfinite(expected).all()
     # (num_splits, block_n): BLOCK_N 64 gives a tile of keys 0..63 visible to every row
     # (the loop without a mask) and a masked tile; BLOCK_N 128 only a masked one
     for num_splits, block_n in ((1, 64), (1, 128), (2, 16), (3, 64)):
         out = torch.full(q.shape, 777.0, dtype=q.dtype, device=device)
-        paged_attention_into(out, q, k_cache, v_cache, block_table, ctx_len, q_len, scale,
-                             num_splits=num_splits, block_m=16, block_n=block_n)
+        paged_attention_into(out, q, k_cache, v_cache, block_table, query_start, ctx_len,
+                             scale, num_splits=num_splits, block_m=16, block_n=block_n)
         case = f"splits {num_splits}, BLOCK_N {block_n}"
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-3, atol=5e-4,
                                    msg=lambda message, case=case: f"{case}: {message}")

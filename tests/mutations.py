@@ -232,14 +232,14 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ paged_attention, PyTorch
     Mutation(
         "attention-torch-causal-off-by-one", ATTENTION,
-        (("visible = key_pos[None, None, :] <= last_visible[:, :, None]",
-          "visible = key_pos[None, None, :] < last_visible[:, :, None]"),),
+        (("visible = key_pos[None, :] <= last_visible[:, None]",
+          "visible = key_pos[None, :] < last_visible[:, None]"),),
         ATTENTION_TESTS, "a row does not see its own key",
     ),
     Mutation(
         "attention-torch-gqa-interleaved", ATTENTION,
-        (("query = q.float().reshape(batch, rows, kv_heads, group, head_dim)",
-          "query = q.float().reshape(batch, rows, group, kv_heads, head_dim).transpose(2, 3)"),),
+        (("query = q.float().reshape(num_rows, kv_heads, group, head_dim)",
+          "query = q.float().reshape(num_rows, group, kv_heads, head_dim).transpose(1, 2)"),),
         ATTENTION_TESTS, "query head h reads KV head h % Hkv instead of h // G",
     ),
     # ------------------------------------------------------------ paged_attention, kernels
@@ -287,10 +287,17 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "attention-kernel-combine-splits-per-sequence", ATTENTION,
-        (("row_splits = tl.cdiv(row_keys, keys_per_split)  # [BLOCK_M]",
-          "row_splits = tl.cdiv(sequence_keys, keys_per_split) + 0 * row_keys  # [BLOCK_M]"),),
+        (("row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)",
+          "row_splits = tl.where(is_sequence, tl.cdiv(sequence_keys, keys_per_split) + 0 * row_keys, 0)"),),
         ATTENTION_KERNEL_TESTS, "the combine reads the splits of the sequence's last row for "
         "every row", keyword="neither_written_nor_read",
+    ),
+    Mutation(
+        "attention-kernel-sequence-count-one-block", ATTENTION,
+        (("for chunk in range(0, num_sequences + 1, BLOCK_BATCH):",
+          "for chunk in range(0, 1, BLOCK_BATCH):"),),
+        ATTENTION_KERNEL_TESTS, "a program only counts the first BLOCK_BATCH sequences",
+        keyword="more_sequences_than_one_count_block",
     ),
     Mutation(
         "attention-kernel-page-tile-misapplied", ATTENTION,
@@ -306,8 +313,7 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ reorder_window
     Mutation(
         "reorder-torch-physical-rope-positions", REORDER,
-        (("positions = ctx + torch.where(live, order, 0)",
-          "positions = ctx + torch.where(live, slot, 0)"),),
+        (("positions = ctx + order\n", "positions = ctx + slot\n"),),
         REORDER_TESTS, "RoPE at the physical row instead of the logical position",
     ),
     Mutation(
@@ -388,14 +394,27 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ model_min's decode step
     Mutation(
         "model-min-mask-rows-at-physical-positions", "model_min/generator.py",
-        (("s.ctx_len[:, None].long() + order.gather(1, physical).long()",
-          "s.ctx_len[:, None].long() + physical"),),
+        (("+ order.index_select(0, mask_row).long(),",
+          "+ (mask_row - query_start[:-1].long().repeat_interleave(window)),"),),
         MODEL_MIN_TESTS, "mask rows predict their physical instead of logical position",
     ),
     Mutation(
         "model-min-rows-count-padding", "model_min/generator.py",
         (("s.rows += torch.where(live, s.win_len, 0)", "s.rows += torch.where(live, capacity, 0)"),),
         MODEL_MIN_TESTS, "padding rows counted in p_cache",
+    ),
+    Mutation(
+        "model-min-window-step-feeds-every-slot", "model_min/generator.py",
+        (("        return live_rows\n",
+          "        return state.size * state.win_tokens.shape[1]\n"),),
+        MODEL_MIN_TESTS, "a window step feeds B * 2W rows instead of its live rows",
+        keyword="feed_the_model_only_live_rows",
+    ),
+    Mutation(
+        "model-min-row-buckets-too-coarse", "model_min/generator.py",
+        (("step = 1 << (bucket.bit_length() - 4)", "step = 1 << (bucket.bit_length() - 3)"),),
+        MODEL_MIN_TESTS, "row buckets four per doubling: up to 25% padding rows",
+        keyword="row_buckets_hold",
     ),
     Mutation(
         "model-min-add-rms-norm-drops-the-residual", "model_min/layers.py",

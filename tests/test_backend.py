@@ -1,4 +1,4 @@
-"""The backend switch of DESIGN.md section 2."""
+"""The backend switch (README, "Backends")."""
 
 import os
 import subprocess

@@ -130,8 +130,9 @@ def test_reorder_bytes_model_reads_the_pages_of_the_live_rows_only():
     assert model["read block_table entries"] == 2 * 4
     assert model["read win_tokens (live slots)"] == 5 * 8
     assert model["read win_mask (live slots)"] == 5
-    assert model["write input_ids, positions, slot_mapping"] == 3 * 2 * 8 * 8
-    assert model["write order"] == 2 * 8 * 4 and model["write n_filled"] == 2 * 4
+    # the packed outputs: one row per live slot, plus query_start [B+1] and n_filled [B]
+    assert model["write input_ids, positions, slot_mapping"] == 3 * 5 * 8
+    assert model["write order"] == 5 * 4 and model["write query_start, n_filled"] == 5 * 4
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -74,7 +74,7 @@ def test_tokens_per_forward_and_p_cache_are_quotients_of_the_counts(sweep):
             assert case["p_cache"] == 1.0 and case["tokens_per_forward"] == 1.0
         else:
             # every token is fed as a mask at least once, and all but a finishing run are fed
-            # again as filled tokens (ALGORITHM.md section 4), so rows exceed tokens
+            # again as filled tokens (docs/algorithm.md section 4), so rows exceed tokens
             assert case["p_cache"] < 1.0
 
 

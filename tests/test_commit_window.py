@@ -150,7 +150,7 @@ def test_matches_reference_on_random_states(seed, batch, window, blockwise):
 
 
 def worked_example(max_new=100, stop_ids=(-1,), blockwise=False):
-    """ALGORITHM.md's worked example: W = 4, L = 10, fed window [a, M, c, M, M]; the mask
+    """docs/algorithm.md's worked example: W = 4, L = 10, fed window [a, M, c, M, M]; the mask
     rows predict 11, 13, 14 and the ones at 11 (x) and 13 (y) are selected."""
     a, c, x, y, z = 1, 3, 4, 6, 7
     win_tokens = torch.tensor([[a, MASK, c, MASK, MASK, MASK, MASK, MASK]])
@@ -423,15 +423,18 @@ def test_random_decode_matches_reference_every_step_and_stays_consistent(
         win_tokens, win_mask, win_len, ctx_len = state[:4]
         if bool((state[6] | (win_len == 0)).all()):
             break
-        reordered = wk.reorder_window(win_tokens, win_mask, win_len, ctx_len, block_table, 8)
-        expected = reorder_reference(*ref_state[:4], block_table, 8)
+        num_rows = int(win_len.clamp(0, win_tokens.shape[1]).sum())
+        reordered = wk.reorder_window(win_tokens, win_mask, win_len, ctx_len, block_table, 8,
+                                      num_rows)
+        expected = reorder_reference(*ref_state[:4], block_table, 8, num_rows)
         for actual, wanted in zip(reordered, expected):
             assert torch.equal(actual, wanted)
-        _, positions, _, order, n_filled = reordered
+        _, positions, _, order, query_start, n_filled = reordered
         groups = []
-        for b in range(batch):  # select_tokens rows: row_pos = ctx_len + order[j], j >= n_filled
+        for b in range(batch):  # select_tokens rows: the mask rows, row_pos = ctx_len + order
+            first = int(query_start[b])
             n = int(win_len[b]) if not bool(state[6][b]) else 0
-            groups.append([int(positions[b, j]) for j in range(int(n_filled[b]), n)])
+            groups.append([int(positions[first + j]) for j in range(int(n_filled[b]), n)])
         cu_rows, row_pos, token, selected = build_rows(rng, groups, vocab=vocab,
                                                       select_rate=0.5 * rng.random())
         for b in range(batch):  # at least one selected mask per sequence

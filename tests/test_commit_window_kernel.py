@@ -122,7 +122,7 @@ def test_kernel_matches_reference_and_torch_on_random_states(
 
 
 def test_worked_example_commits_a_fills_x_and_y_and_refills_to_seven_slots():
-    # ALGORITHM.md section 4: fed [a, M, c, M, M] at L = 10; x, y selected at 11, 13
+    # docs/algorithm.md section 4: fed [a, M, c, M, M] at L = 10; x, y selected at 11, 13
     win_tokens, win_mask, win_len, ctx_len, out_tokens, out_len, finished = run_kernel(
         worked_example()
     )
@@ -299,17 +299,19 @@ def test_multi_step_decode_matches_reference_after_every_step(
         state = kernel.state()
         if bool((state[6] | (state[2] == 0)).all()):
             break
-        reorder_args = [*state[:4], block_table, page_size]
+        num_rows = int(state[2].clamp(0, state[0].shape[1]).sum())
+        reorder_args = [*state[:4], block_table, page_size, num_rows]
         reordered = run_reorder_kernel([a.to(DEVICE) if isinstance(a, torch.Tensor) else a
                                         for a in reorder_args])
         for actual, expected in zip(reordered, reorder_reference(*reference[:4], block_table,
-                                                                 page_size)):
+                                                                 page_size, num_rows)):
             assert torch.equal(actual, expected)
-        _, positions, _, _, n_filled = reordered
+        _, positions, _, _, query_start, n_filled = reordered
         groups = []
-        for b in range(batch):  # select_tokens rows: row_pos = ctx_len + order[j], j >= n_filled
+        for b in range(batch):  # select_tokens rows: the mask rows, row_pos = ctx_len + order
+            first = int(query_start[b])
             live = 0 if bool(state[6][b]) else int(state[2][b])
-            groups.append([int(positions[b, j]) for j in range(int(n_filled[b]), live)])
+            groups.append([int(positions[first + j]) for j in range(int(n_filled[b]), live)])
         rows = build_rows(rng, groups, vocab=20, select_rate=0.6 * rng.random())
         cu_rows, row_pos, _, selected = rows
         for b in range(batch):  # at least one selected mask row per sequence

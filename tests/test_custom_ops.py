@@ -19,7 +19,7 @@ def _reorder_args():
     win_len = torch.tensor([8, 5, 0], dtype=torch.int32)
     ctx_len = torch.tensor([3, 9, 0], dtype=torch.int32)
     block_table = torch.randperm(12, generator=g).to(torch.int32).view(batch, 4)
-    return (win_tokens, win_mask, win_len, ctx_len, block_table, page_size)
+    return (win_tokens, win_mask, win_len, ctx_len, block_table, page_size, 15)
 
 
 def _rope_args(dtype=torch.float32):
@@ -41,14 +41,14 @@ def _rope_args(dtype=torch.float32):
 
 def _attention_args():
     g = torch.Generator().manual_seed(2)
-    batch, rows, q_heads, kv_heads, head_dim, page_size = 2, 4, 4, 2, 16, 4
-    q = torch.randn(batch, rows, q_heads, head_dim, generator=g)
+    q_heads, kv_heads, head_dim, page_size = 4, 2, 16, 4
+    q = torch.randn(7, q_heads, head_dim, generator=g)  # 4 + 2 rows and one padding row
     k_cache = torch.randn(6, page_size, kv_heads, head_dim, generator=g)
     v_cache = torch.randn(6, page_size, kv_heads, head_dim, generator=g)
     block_table = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32)
+    query_start = torch.tensor([0, 4, 6], dtype=torch.int32)
     ctx_len = torch.tensor([5, 0], dtype=torch.int32)
-    q_len = torch.tensor([4, 2], dtype=torch.int32)
-    return (q, k_cache, v_cache, block_table, ctx_len, q_len, head_dim**-0.5)
+    return (q, k_cache, v_cache, block_table, query_start, ctx_len, head_dim**-0.5)
 
 
 def _select_args():

@@ -13,10 +13,10 @@ from wedlm_kernels import _dispatch, _library
 
 def _attention_args():
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 2, 2, 8, generator=g)
+    q = torch.randn(2, 2, 8, generator=g)
     cache = torch.randn(2, 4, 1, 8, generator=g)
     return (q, cache, cache.clone(), torch.tensor([[1, 0]], dtype=torch.int32),
-            torch.tensor([3], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), 0.35)
+            torch.tensor([0, 2], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), 0.35)
 
 
 class _Recorder:

@@ -122,7 +122,7 @@ def test_pages_are_given_back_when_decoding_fails(tiny, monkeypatch):
     _, model = tiny
     generator = Generator(model, window=4, page_size=4)
 
-    def broken_step(state, *args):
+    def broken_step(state, *args, **kwargs):
         raise RuntimeError("step failed")
 
     monkeypatch.setattr(generator, "_step", broken_step)
@@ -138,7 +138,7 @@ def test_a_step_that_makes_no_progress_raises_instead_of_looping(tiny, mode, mon
     _, model = tiny
     generator = Generator(model, window=4, page_size=4)
 
-    def stuck_step(state, mode=None):
+    def stuck_step(state, mode=None, num_rows=None):
         state.forwards += ~state.finished
 
     monkeypatch.setattr(generator, "_step", stuck_step)
@@ -264,6 +264,69 @@ FORBIDDEN = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__",
              "__index__")
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buckets"])
+@pytest.mark.parametrize("mode", ["streaming", "blockwise"])
+def test_window_steps_feed_the_model_only_live_rows(tiny, mode, graphs, monkeypatch):
+    """Ten requests in one batch (B >= 8): each window step reads back one number, its live
+    rows, and packs only those for the model, not B * 2W: exactly them in eager mode; on the
+    CUDA-graph path (run here with eager replays) row_bucket's rounding, at most 1.15x while
+    8 or more sequences are unfinished. Tokens stay those of the reference decoder."""
+    from model_min.generator import row_bucket
+    from model_min.graphs import StepGraphs
+
+    hf, model = tiny
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(3 + i % 4)] for i in range(10)]
+    params = [SamplingParams(max_new_tokens=6 + i % 5, threshold=2.8, seed=i) for i in range(10)]
+    window = 4
+    generator = Generator(model, window=window, page_size=4, max_batch=10)
+    if graphs:
+        class EagerGraphs(StepGraphs):
+            def _capture(self, static, mode, rows):
+                return _EagerReplay(self.step, static, mode, rows)
+
+        generator.graphs = EagerGraphs(generator._step)
+    steps, fed = [], []  # per readback: (live rows, unfinished, batch rows); per forward: rows
+    forward, rows_for_step = model.forward, generator._rows_for_step
+
+    def counting_forward(input_ids, *args):
+        fed.append(input_ids.shape[0])
+        return forward(input_ids, *args)
+
+    def counting_rows(state):
+        live_rows = int(state.win_len.clamp(0, 2 * window).sum())
+        steps.append((live_rows, int((~state.finished).sum()), state.size))
+        return rows_for_step(state)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    monkeypatch.setattr(generator, "_rows_for_step", counting_rows)
+    results = generator.generate(prompts, params, mode=mode)
+    steps = [step for step in steps if step[0] > 0]  # an empty batch runs no forward
+    window_forwards = fed[1:]  # fed[0]: the prefill of all prompts
+    assert len(window_forwards) == len(steps) > 5
+    assert max(unfinished for _, unfinished, _ in steps) >= 8
+    for rows, (live_rows, unfinished, batch) in zip(window_forwards, steps):
+        assert rows == (row_bucket(live_rows, batch * 2 * window) if graphs else live_rows)
+        assert live_rows <= rows <= batch * 2 * window
+        if unfinished >= 8:
+            assert rows <= 1.15 * live_rows
+    assert sum(window_forwards) < 0.7 * sum(batch * 2 * window for _, _, batch in steps)
+    assert_matches_reference(hf, prompts, params, results, mode, window)
+
+
+def test_row_buckets_hold_the_live_rows_with_less_than_an_eighth_of_padding():
+    from model_min.generator import row_bucket
+
+    buckets = set()
+    for live_rows in range(1, 4097):
+        bucket = row_bucket(live_rows, 4096)
+        buckets.add(bucket)
+        assert live_rows <= bucket < 1.125 * live_rows or bucket == live_rows, live_rows
+        assert bucket == live_rows or live_rows > 8
+    assert len(buckets) <= 80
+    assert row_bucket(300, 64) == 64 and row_bucket(0, 64) == 0
+    assert [row_bucket(n, 4096) for n in (9, 17, 18, 19, 129, 1000)] == [9, 18, 18, 20, 144, 1024]
+
+
 @pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
 def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypatch):
     _, model = tiny
@@ -271,10 +334,10 @@ def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypat
     step = generator._step
     inside = []
 
-    def guarded_step(state, *args):
+    def guarded_step(state, *args, **kwargs):
         inside.append(True)
         try:
-            step(state, *args)
+            step(state, *args, **kwargs)
         finally:
             inside.pop()
 
@@ -352,24 +415,24 @@ def test_cuda_bf16_decoding_runs_and_first_step_logits_track_fp32(tmp_path):
 class _EagerReplay:
     """Stands in for a captured CUDA graph on the CPU: replay() runs the step again."""
 
-    def __init__(self, step, static, mode):
-        self.step, self.static, self.mode = step, static, mode
+    def __init__(self, step, static, mode, rows):
+        self.step, self.static, self.mode, self.rows = step, static, mode, rows
 
     def replay(self):
-        self.step(self.static, self.mode)
+        self.step(self.static, self.mode, self.rows)
 
 
 def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
     """The CUDA-graph path's host logic (batch padded to a bucket, state copied into static
-    buffers, replays, compaction of the static state) on the CPU, with eager replays."""
+    buffers, one graph per row bucket, replays, compaction of the static state) on the CPU,
+    with eager replays."""
     from model_min.graphs import StepGraphs
 
     _, model = tiny
 
     class EagerGraphs(StepGraphs):
-        def _capture(self, like, mode):
-            static = self.static_buffers(like)
-            return _EagerReplay(self.step, static, mode), static
+        def _capture(self, static, mode, rows):
+            return _EagerReplay(self.step, static, mode, rows)
 
     params = [SamplingParams(max_new_tokens=n, threshold=2.8, temperature=t, seed=s)
               for n, t, s in ((14, 0.0, 1), (5, 1.0, 2), (20, 0.7, 3), (9, 0.0, 4))]
@@ -382,6 +445,8 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
         assert [r.token_ids for r in results] == [r.token_ids for r in eager]
         assert [(r.forwards, r.rows) for r in results] == [(r.forwards, r.rows) for r in eager]
         sizes = {dict((name, shape) for name, shape, _ in signature)["win_len"][0]
-                 for _, signature in generator.graphs.graphs}
-        assert len(sizes) >= 2  # several buckets were used
+                 for _, signature in generator.graphs.batches}
+        assert len(sizes) >= 2  # several batch buckets were used
+        if mode == "streaming":  # and several row buckets
+            assert max(len(graphs) for _, graphs in generator.graphs.batches.values()) >= 2
         assert len(generator.cache.free_pages) == generator.cache.num_pages

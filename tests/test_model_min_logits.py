@@ -28,7 +28,7 @@ PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], list(range(20, 33))]
 
 
 def stable_order(win_mask: list[bool]) -> list[int]:
-    """Filled slots first, then masks, each in slot order (ALGORITHM.md section 3)."""
+    """Filled slots first, then masks, each in slot order (docs/algorithm.md section 3)."""
     return [s for s, m in enumerate(win_mask) if not m] + [s for s, m in enumerate(win_mask) if m]
 
 

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import attention as ref
+from tests.attention_inputs import padded, uneven_packed_case
 from wedlm_kernels import _validate
+
+# the op and the reference in the padded form [B, S, Hq, D] with q_len rows per sequence
+# (two padding rows after the packed rows, which must come back as zeros)
+attention = padded(wk.paged_attention, extra_rows=2)
+reference = padded(ref.paged_attention)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -130,10 +136,10 @@ def test_matches_reference(
     block_table = torch.tensor(table, dtype=torch.int32).reshape(batch, width)
     args = (q, k_cache, v_cache, block_table, _lengths(ctx_len), _lengths(q_len), head_dim**-0.5)
 
-    out = wk.paged_attention(*args)
+    out = attention(*args)
 
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
-    expected = ref.paged_attention(*args)
+    expected = reference(*args)
     assert not expected.isnan().any()  # every needed page is covered here
     _assert_close(out, expected, dtype)
 
@@ -148,7 +154,7 @@ def test_equals_sdpa_with_bottom_right_causal_mask_on_the_dense_cache(group):
     page_ids = [6, 1, 9, 3, 0]  # scattered, covers 20 positions
     k_cache, v_cache = _paged(dense_k, dense_v, page_size, page_ids, 10, g)
     q = torch.randn(1, rows, kv_heads * group, head_dim, generator=g)
-    out = wk.paged_attention(
+    out = attention(
         q, k_cache, v_cache, _table(page_ids, 5), _lengths([ctx]), _lengths([rows]),
         head_dim**-0.5,
     )
@@ -166,7 +172,7 @@ def test_prefill_equals_plain_causal_sdpa():
     page_ids = [2, 7, 4, 0]
     k_cache, v_cache = _paged(dense_k, dense_v, page_size, page_ids, 8, g)
     q = torch.randn(1, prompt, q_heads, head_dim, generator=g)
-    out = wk.paged_attention(
+    out = attention(
         q, k_cache, v_cache, _table(page_ids, 4), _lengths([0]), _lengths([prompt]),
         head_dim**-0.5,
     )
@@ -183,7 +189,7 @@ def test_scattered_page_ids_read_their_own_pages():
         v_cache[page_ids[pos // page_size], pos % page_size] = float(pos)
     k_cache = torch.zeros_like(v_cache)  # uniform weights over the visible positions
     q = torch.randn(1, 3, 1, head_dim)
-    out = wk.paged_attention(
+    out = attention(
         q, k_cache, v_cache, _table(page_ids, 3), _lengths([3]), _lengths([3]), 1.0
     )
     # row j averages positions 0 .. 3 + j: mean = (3 + j) / 2
@@ -198,10 +204,10 @@ def test_gqa_query_head_h_reads_kv_head_h_div_group():
     k_cache = torch.randn(2, 4, kv_heads, head_dim, generator=g)
     v_cache = torch.randn(2, 4, kv_heads, head_dim, generator=g)
     args = (_table([1, 0], 2), _lengths([4]), _lengths([3]), 0.25)
-    before = wk.paged_attention(q, k_cache, v_cache, *args)
+    before = attention(q, k_cache, v_cache, *args)
     v_changed = v_cache.clone()
     v_changed[:, :, 1] = 0.0
-    after = wk.paged_attention(q, k_cache, v_changed, *args)
+    after = attention(q, k_cache, v_changed, *args)
     # heads 0..3 read KV head 0 (unchanged), heads 4..7 read KV head 1 (now zero)
     assert torch.equal(after[:, :, :4], before[:, :, :4])
     assert (after[:, :, 4:] == 0).all() and (before[:, :, 4:] != 0).all()
@@ -212,7 +218,7 @@ def test_single_visible_position_returns_its_value():
     q = torch.randn(1, 2, 2, 8, generator=g)
     k_cache = torch.randn(1, 4, 1, 8, generator=g)
     v_cache = torch.randn(1, 4, 1, 8, generator=g)
-    out = wk.paged_attention(
+    out = attention(
         q, k_cache, v_cache, _table([0], 1), _lengths([0]), _lengths([1]), 0.5
     )
     torch.testing.assert_close(out[0, 0], v_cache[0, 0].expand(2, 8))
@@ -226,10 +232,10 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows):
     k_cache = torch.randn(3, 4, 1, 8, generator=g)
     v_cache = torch.randn(3, 4, 1, 8, generator=g)
     args = (q, k_cache, v_cache, _table([2, 0], 2), _lengths([3]), _lengths([q_len]), 0.3)
-    out = wk.paged_attention(*args)
+    out = attention(*args)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
-    _assert_close(out, ref.paged_attention(*args), torch.float32)
+    _assert_close(out, reference(*args), torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -247,10 +253,10 @@ def test_needed_position_without_a_page_gives_a_nan_row(block_table, width):
     v_cache = torch.randn(3, 4, 1, 8, generator=g)
     # ctx 2: rows 0, 1 need positions <= 3 (page 0); rows 2..5 need page 1 as well
     args = (q, k_cache, v_cache, _table(block_table, width), _lengths([2]), _lengths([6]), 0.3)
-    out = wk.paged_attention(*args)
+    out = attention(*args)
     assert out[0, :2].isfinite().all()
     assert out[0, 2:].isnan().all()
-    _assert_close(out, ref.paged_attention(*args), torch.float32)
+    _assert_close(out, reference(*args), torch.float32)
 
 
 def test_cache_contents_outside_the_visible_positions_are_never_read():
@@ -265,12 +271,12 @@ def test_cache_contents_outside_the_visible_positions_are_never_read():
     v_cache[page_ids[(ctx + 2) // 4], (ctx + 2) % 4, 0, 3] = math.nan  # row 2's own value
     q = torch.randn(1, rows, 2, head_dim, generator=g)
     args = (q, k_cache, v_cache, _table(page_ids, 3), _lengths([ctx]), _lengths([rows]), 0.3)
-    out = wk.paged_attention(*args)
+    out = attention(*args)
     # rows 0, 1 do not see position ctx + 2; rows 2, 3 do, in element 3 only
     assert out[0, :2].isfinite().all()
     assert out[0, 2:, :, 3].isnan().all()
     assert out[0, 2:, :, [0, 1, 2, 4, 5, 6, 7]].isfinite().all()
-    _assert_close(out, ref.paged_attention(*args), torch.float32)
+    _assert_close(out, reference(*args), torch.float32)
 
 
 def test_inputs_are_not_modified_and_the_output_is_fresh():
@@ -280,7 +286,7 @@ def test_inputs_are_not_modified_and_the_output_is_fresh():
     v_cache = torch.randn(4, 2, 2, 8, generator=g)
     args = (q, k_cache, v_cache, _table([0, 1, 2, 3], 2), _lengths([1, 0]), _lengths([3, 2]), 0.3)
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    out = wk.paged_attention(*args)
+    out = attention(*args)
     for arg, copy in zip(args, copies):
         if isinstance(arg, torch.Tensor):
             assert torch.equal(arg, copy)
@@ -291,10 +297,11 @@ def test_inputs_are_not_modified_and_the_output_is_fresh():
 
 
 def _valid_args(**override):
+    # 2 sequences of 3 and 2 rows after 1 and 0 committed positions, and one padding row
     args = dict(
-        q=torch.randn(2, 3, 4, 8), k_cache=torch.zeros(4, 2, 2, 8),
+        q=torch.randn(6, 4, 8), k_cache=torch.zeros(4, 2, 2, 8),
         v_cache=torch.zeros(4, 2, 2, 8), block_table=_table([0, 1, 2, 3], 2),
-        ctx_len=_lengths([1, 0]), q_len=_lengths([3, 2]), scale=0.3,
+        query_start=_lengths([0, 3, 5]), ctx_len=_lengths([1, 0]), scale=0.3,
     )
     args.update(override)
     return args
@@ -304,27 +311,27 @@ def _valid_args(**override):
     "override, error, name",
     [
         (dict(q=[[0.0]]), TypeError, "`q`"),
-        (dict(q=torch.zeros(2, 3, 4, 8, dtype=torch.int64)), TypeError, "`q`"),
+        (dict(q=torch.zeros(6, 4, 8, dtype=torch.int64)), TypeError, "`q`"),
         (dict(k_cache=torch.zeros(4, 2, 2, 8).half()), TypeError, "`k_cache`"),
         (dict(v_cache=torch.zeros(4, 2, 2, 8).bfloat16()), TypeError, "`v_cache`"),
         (dict(block_table=_table([0, 1, 2, 3], 2).long()), TypeError, "`block_table`"),
+        (dict(query_start=_lengths([0, 3, 5]).long()), TypeError, "`query_start`"),
         (dict(ctx_len=_lengths([1, 0]).long()), TypeError, "`ctx_len`"),
-        (dict(q_len=_lengths([3, 2]).long()), TypeError, "`q_len`"),
         (dict(scale="0.3"), TypeError, "`scale`"),
         (dict(scale=float("nan")), ValueError, "`scale`"),
         (dict(scale=float("inf")), ValueError, "`scale`"),
-        (dict(q=torch.randn(2, 3, 8)), ValueError, "`q`"),
-        (dict(q=torch.randn(2, 3, 4, 16)[..., ::2]), ValueError, "`q`"),
-        (dict(q=torch.randn(2, 3, 3, 8)), ValueError, "`q`.*`k_cache`"),
+        (dict(q=torch.randn(2, 3, 4, 8)), ValueError, "`q`"),
+        (dict(q=torch.randn(6, 4, 16)[..., ::2]), ValueError, "`q`"),
+        (dict(q=torch.randn(6, 3, 8)), ValueError, "`q`.*`k_cache`"),
         (dict(k_cache=torch.zeros(4, 2, 2, 6)), ValueError, "`k_cache`"),
         (dict(k_cache=torch.zeros(4, 8, 2, 2).transpose(1, 3)), ValueError, "`k_cache`"),
         (dict(k_cache=torch.zeros(0, 2, 2, 8), v_cache=torch.zeros(0, 2, 2, 8)),
          ValueError, "`k_cache`"),
         (dict(v_cache=torch.zeros(4, 2, 1, 8)), ValueError, "`v_cache`"),
         (dict(v_cache=torch.zeros(4, 2, 8, 2).transpose(2, 3)), ValueError, "`v_cache`"),
-        (dict(block_table=_table([0, 1, 2, 3, 0, 1], 2)), ValueError, "`block_table`"),
+        (dict(block_table=_table([0, 1, 2, 3, 0, 1], 2)), ValueError, "`query_start`"),
+        (dict(query_start=_lengths([0, 5])), ValueError, "`query_start`"),
         (dict(ctx_len=_lengths([1, 0, 0])), ValueError, "`ctx_len`"),
-        (dict(q_len=_lengths([3])), ValueError, "`q_len`"),
     ],
 )
 def test_paged_attention_rejects_bad_arguments(override, error, name):
@@ -342,8 +349,9 @@ def test_paged_attention_rejects_tensors_on_different_devices():
     "override, name",
     [
         (dict(ctx_len=_lengths([-1, 0])), "`ctx_len`"),
-        (dict(q_len=_lengths([4, 2])), "`q_len`"),
-        (dict(q_len=_lengths([-1, 2])), "`q_len`"),
+        (dict(query_start=_lengths([1, 3, 5])), "`query_start\\[0\\]`"),
+        (dict(query_start=_lengths([0, 4, 3])), "`query_start` must be non-decreasing"),
+        (dict(query_start=_lengths([0, 3, 7])), "`query_start\\[B\\]`"),
         (dict(ctx_len=_lengths([2, 0])), "`block_table`"),  # needs 5 positions = 3 pages
         (dict(block_table=_table([0, 4, 2, 3], 2)), "`block_table`"),
         (dict(block_table=_table([0, 1, -1, 3], 2)), "`block_table`"),
@@ -357,4 +365,17 @@ def test_debug_mode_rejects_uncovered_or_out_of_range_values(monkeypatch, overri
 
 def test_debug_mode_accepts_unused_page_table_entries(monkeypatch):
     monkeypatch.setattr(_validate, "DEBUG", True)
-    wk.paged_attention(**_valid_args(block_table=_table([0, 1, 2, -1], 2), q_len=_lengths([3, 1])))
+    wk.paged_attention(**_valid_args(block_table=_table([0, 1, 2, -1], 2),
+                                     query_start=_lengths([0, 3, 4])))
+
+
+# ---------------------------------------------------------------------------- packed layout
+
+
+def test_packed_rows_of_uneven_sequences_and_padding_rows():
+    """Sequences of 0, 70, 1 and 5 rows back to back, then 3 padding rows: each row equals
+    the reference, padding rows are zero."""
+    args = uneven_packed_case(torch.Generator().manual_seed(8))
+    out = wk.paged_attention(*args)
+    assert (out[-3:] == 0).all() and out[:-3].isfinite().all()
+    _assert_close(out, ref.paged_attention(*args), torch.float32)

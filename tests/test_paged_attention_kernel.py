@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import attention as ref
+from tests.attention_inputs import pack, padded, uneven_packed_case, unpack
 from tests.kernel_harness import guarded
 from wedlm_kernels import _library
 from wedlm_kernels.ops import attention as attention_ops
@@ -75,14 +76,31 @@ def _caches(num_pages, page_size, kv_heads, head_dim, dtype, generator, fill=Non
 
 
 def _run_kernel(args, **schedule):
-    """The launch into an output between guard bands, pre-filled with a sentinel; checks the
-    bands and that no element kept the sentinel (every element of out is written)."""
-    q = args[0]
-    out = guarded(torch.full(q.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
-    paged_attention_into(out.tensor, *args, **schedule)
+    """The launch on the packed form of padded ``args`` (``(q [B, S, Hq, D], k_cache,
+    v_cache, block_table, ctx_len, q_len, scale)``, two padding rows after the packed rows)
+    into an output between guard bands, pre-filled with a sentinel; checks the bands and that
+    no element kept the sentinel (every row, padding included, is written). Returns the
+    output unpacked to ``[B, S, Hq, D]``."""
+    q, k_cache, v_cache, block_table, ctx_len, q_len, scale = args
+    packed, query_start = pack(q, q_len.cpu(), extra_rows=2)
+    query_start = query_start.to(q.device)
+    out = guarded(torch.full(packed.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
+    paged_attention_into(out.tensor, packed, k_cache, v_cache, block_table, query_start,
+                         ctx_len, scale, **schedule)
     out.check("out")
     assert not (out.tensor == OUT_SENTINEL).any(), "an output element was not written"
-    return out.tensor
+    assert (out.tensor[-2:] == 0).all(), "padding rows must be zero"
+    return unpack(out.tensor, query_start.cpu(), q.shape[1])
+
+
+def _cpu(args):
+    return tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+# the reference and the PyTorch implementation in the padded form of _run_kernel's args
+reference = padded(ref.paged_attention)
+pytorch = padded(paged_attention_torch)
+triton_launcher = padded(paged_attention_triton)
 
 
 def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
@@ -154,11 +172,10 @@ def test_kernel_matches_reference_and_pytorch(
 
     out = _run_kernel(args, num_splits=num_splits, block_n=block_n)
 
-    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                     for a in args])
+    expected = reference(*_cpu(args))
     assert not expected.isnan().any()  # every needed page is covered here
     _assert_close(out, expected, dtype)
-    _assert_close(out, paged_attention_torch(*args), dtype)
+    _assert_close(out, pytorch(*args), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -171,8 +188,7 @@ def test_split_count_changes_results_only_by_rounding(dtype):
     k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, dtype, g)
     args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.125)
     one = _run_kernel(args, num_splits=1).float()
-    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                     for a in args])
+    expected = reference(*_cpu(args))
     _assert_close(one, expected, dtype)
     for num_splits in (3, 40):  # 40 splits of 16 keys: the last 20 find no key
         split = _run_kernel(args, num_splits=num_splits, block_n=16).float()
@@ -211,23 +227,22 @@ def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_
     monkeypatch.setattr(attention_ops.torch, "empty", nan_filled)
     out = _run_kernel(args, num_splits=12, block_n=block_n, block_m=block_m)
     monkeypatch.undo()
-    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                     for a in args])
+    expected = reference(*_cpu(args))
     assert not expected.isnan().any()
     _assert_close(out, expected, torch.float32)
 
 
 def test_a_page_table_reaching_past_int32_positions_is_rejected():
-    q = torch.zeros(1, 4, 1, 16)
+    q = torch.zeros(4, 1, 16)
     cache = torch.zeros(1, 2**16, 1, 16)
     table = torch.zeros(1, 2**15, dtype=torch.int32)  # 2^31 positions
     with pytest.raises(ValueError, match="`block_table` addresses"):
-        wk.paged_attention(q, cache, cache, table, _lengths([0]).cpu(), _lengths([4]).cpu(),
+        wk.paged_attention(q, cache, cache, table, _lengths([0, 4]).cpu(), _lengths([0]).cpu(),
                            0.25)
 
 
 def test_prefill_query_tiles_match_the_reference():
-    # 70 prompt rows x GQA 2 = 140 (row, head) pairs: three query tiles of 64, no split
+    # 70 prompt rows x GQA 2 = 140 (row, head) pairs: three query tiles of 64, one pass
     g = torch.Generator().manual_seed(2)
     rows, kv_heads, group, head_dim, page_size = 70, 1, 2, 64, 16
     batch_ctx, batch_q_len = [0, 5], [70, 41]
@@ -236,12 +251,51 @@ def test_prefill_query_tiles_match_the_reference():
     k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths(batch_ctx), _lengths(batch_q_len),
             head_dim**-0.5)
-    config = attention_ops.launch_config(torch.float32, head_dim, rows * group)
-    assert split_count(2, kv_heads, rows, group, 10**6, config, 4) == 1
-    out = _run_kernel(args, block_m=64)
-    expected = ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                     for a in args])
+    out = _run_kernel(args, block_m=64, num_splits=1)
+    expected = reference(*_cpu(args))
     _assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("num_splits,block_m", [(1, None), (3, 16), (1, 64), (2, 32)])
+def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m):
+    """Sequences of 0, 70, 1 and 5 rows back to back, then 3 padding rows, through every
+    schedule: each row equals the reference and the padding rows are written as zeros."""
+    args = uneven_packed_case(torch.Generator().manual_seed(8), DEVICE)
+    q = args[0]
+    out = guarded(torch.full(q.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
+    paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=block_m,
+                         block_n=16)
+    out.check("out")
+    assert (out.tensor[-3:] == 0).all() and out.tensor[:-3].isfinite().all()
+    _assert_close(out.tensor, ref.paged_attention(*_cpu(args)), torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
+        monkeypatch, num_splits):
+    """A program counts the sequences whose first tile precedes it _BLOCK_BATCH at a time
+    (16 here): 41 sequences of 0-3 rows (empty ones included, at chunk edges too) span
+    three count blocks; every row equals the reference, padding rows are zero."""
+    monkeypatch.setattr(attention_ops, "_BLOCK_BATCH", 16)
+    g = torch.Generator().manual_seed(21)
+    lengths = torch.randint(0, 4, (41,), generator=g)
+    lengths[[0, 15, 16, 31, 32, 40]] = torch.tensor([0, 0, 3, 0, 2, 0])
+    ctx = torch.randint(0, 12, (41,), generator=g)
+    page_size, kv_heads, group, head_dim = 4, 1, 2, 16
+    width = int((ctx + lengths).max()) // page_size + 1
+    pages = torch.randperm(41 * width, generator=g).view(41, width).to(torch.int32)
+    caches = [torch.randn(41 * width, page_size, kv_heads, head_dim, generator=g)
+              for _ in range(2)]
+    query_start = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    q = torch.randn(int(query_start[-1]) + 2, kv_heads * group, head_dim, generator=g)
+    args = (q, *caches, pages, query_start.to(torch.int32), ctx.to(torch.int32),
+            head_dim**-0.5)
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    out = guarded(torch.full(q.shape, OUT_SENTINEL, device=DEVICE))
+    paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=16, block_n=16)
+    out.check("out")
+    assert (out.tensor[-2:] == 0).all()
+    _assert_close(out.tensor, ref.paged_attention(*_cpu(args)), torch.float32)
 
 
 def test_prefill_equals_causal_sdpa_on_the_gathered_cache():
@@ -324,8 +378,7 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits):
     out = _run_kernel(args, num_splits=num_splits)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
-    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                             for a in args]), torch.float32)
+    _assert_close(out, reference(*_cpu(args)), torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -358,8 +411,7 @@ def test_negative_ctx_len_rows_without_any_visible_key_are_nan(num_splits):
     # row j sees positions 0 .. j - 2: rows 0 and 1 see nothing
     assert out[0, :2].isnan().all()
     assert out[0, 2:].isfinite().all()
-    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                             for a in args]), torch.float32)
+    _assert_close(out, reference(*_cpu(args)), torch.float32)
 
 
 def test_an_empty_page_table_makes_every_live_row_nan():
@@ -397,29 +449,36 @@ def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits)
     assert out[0, 2:4, :, 3].isnan().all()
     assert out[0, 2:4, :, [0, 1, 2, 4, 5, 6, 7]].isfinite().all()
     assert out[0, 4:].isnan().all()
-    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                             for a in args]), torch.float32)
+    _assert_close(out, reference(*_cpu(args)), torch.float32)
 
 
-def test_strided_block_table_and_lengths_are_read_through_their_strides():
+def test_strided_block_table_query_start_and_ctx_len_are_read_through_their_strides():
     g = torch.Generator().manual_seed(11)
-    q = torch.randn(2, 3, 2, 16, generator=g).to(DEVICE)
+    q = torch.randn(6, 2, 16, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(6, 4, 1, 16, torch.float32, g)
     wide_table = torch.tensor([[4, -5, 0, -5, 2], [1, -5, 5, -5, 3]], dtype=torch.int32,
                               device=DEVICE)
+    starts = torch.tensor([[0, 7], [3, 7], [5, 7]], dtype=torch.int32, device=DEVICE)
     lengths = torch.tensor([[5, 3], [0, 2]], dtype=torch.int32, device=DEVICE)
-    args = (q, k_cache, v_cache, wide_table[:, ::2], lengths[:, 0], lengths[:, 1], 0.3)
-    out = _run_kernel(args)
+    args = (q, k_cache, v_cache, wide_table[:, ::2], starts[:, 0], lengths[:, 0], 0.3)
+    out = torch.full_like(q, OUT_SENTINEL)
+    paged_attention_into(out, *args)
     contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
     _assert_close(out, paged_attention_torch(*contiguous), torch.float32)
+    assert (out[5:] == 0).all()
+
+
+def _packed_args(dtype, generator):
+    """Two sequences of 3 and 2 rows after 1 and 0 committed positions, one padding row."""
+    q = torch.randn(6, 4, 16, generator=generator).to(dtype).to(DEVICE)
+    k_cache, v_cache = _caches(4, 2, 2, 16, dtype, generator)
+    return (q, k_cache, v_cache, _table([[0, 1], [2, 3]]), _lengths([0, 3, 5]),
+            _lengths([1, 0]), 0.3)
 
 
 def test_launcher_returns_a_fresh_contiguous_output_and_leaves_inputs_unchanged():
-    g = torch.Generator().manual_seed(12)
-    q = torch.randn(2, 3, 4, 16, generator=g).to(torch.float16).to(DEVICE)
-    k_cache, v_cache = _caches(4, 2, 2, 16, torch.float16, g)
-    args = (q, k_cache, v_cache, _table([[0, 1], [2, 3]]), _lengths([1, 0]), _lengths([3, 2]),
-            0.3)
+    args = _packed_args(torch.float16, torch.Generator().manual_seed(12))
+    q = args[0]
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     out = paged_attention_triton(*args)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
@@ -433,11 +492,13 @@ def test_launcher_returns_a_fresh_contiguous_output_and_leaves_inputs_unchanged(
 def test_empty_shapes_return_empty_outputs():
     k_cache, v_cache = _caches(2, 4, 1, 16, torch.float32, torch.Generator().manual_seed(13))
     for batch, rows in ((0, 3), (2, 0)):
-        q = torch.randn(batch, rows, 2, 16, device=DEVICE)
+        q = torch.randn(rows, 2, 16, device=DEVICE)
         out = paged_attention_triton(q, k_cache, v_cache,
                                      torch.zeros(batch, 1, dtype=torch.int32, device=DEVICE),
-                                     _lengths([0] * batch), _lengths([1] * batch), 0.3)
+                                     _lengths([0] * (batch + 1)), _lengths([1] * batch), 0.3)
         assert out.shape == q.shape
+        if batch == 0:  # no sequence: every row is padding
+            assert (out == 0).all()
 
 
 @pytest.mark.parametrize("head_dim", [1, 264])
@@ -447,9 +508,8 @@ def test_head_dims_outside_2_to_256_use_the_pytorch_implementation(monkeypatch, 
     k_cache, v_cache = _caches(1, 4, 1, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table([[0]]), _lengths([1]), _lengths([2]), 0.1)
     monkeypatch.setattr(attention_ops, "_paged_attention_kernel", None)  # never launched
-    out = paged_attention_triton(*args)
-    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                             for a in args]), torch.float32)
+    out = triton_launcher(*args)
+    _assert_close(out, reference(*_cpu(args)), torch.float32)
 
 
 def test_launcher_has_the_signature_of_the_pytorch_implementation_and_is_registered():
@@ -460,33 +520,44 @@ def test_launcher_has_the_signature_of_the_pytorch_implementation_and_is_registe
 # ---------------------------------------------------------------------------- schedules
 
 
-def test_split_kv_is_chosen_only_for_short_windows_that_underfill_the_device():
+def test_split_kv_is_chosen_only_for_decode_steps_that_underfill_the_device():
     width = 132  # multiprocessors of an H100 / H200
     config = LaunchConfig(64, 64, 4, 3)
     long_context = 16384
-    # one sequence, one KV head: one program without splitting, far below the target
-    splits = split_count(1, 1, 16, 4, long_context, config, width)
+    # one program without splitting, far below the target
+    splits = split_count(True, 1, long_context, config, width)
     assert splits == min(attention_ops.SPLIT_TARGET_WAVES * width, attention_ops.MAX_SPLITS)
-    # prefill rows never split
-    assert split_count(1, 1, attention_ops.MAX_DECODE_ROWS + 1, 1, long_context, config,
-                       width) == 1
+    # prefill never splits
+    assert split_count(False, 1, long_context, config, width) == 1
     # a grid that already fills the device does not split
-    assert split_count(64, 8, 16, 4, long_context, config, width) == 1
+    assert split_count(True, 2 * width, long_context, config, width) == 1
     # never more splits than key tiles the page table can address
-    assert split_count(1, 1, 16, 4, 3 * 64 - 1, config, width) == 3
-    assert split_count(1, 1, 16, 4, 10, config, width) == 1
+    assert split_count(True, 1, 3 * 64 - 1, config, width) == 3
+    assert split_count(True, 1, 10, config, width) == 1
+
+
+def test_decode_steps_average_at_most_64_rows_per_sequence():
+    for num_rows, batch, decode in ((64, 1, True), (65, 1, False), (1024, 16, True),
+                                    (1025, 16, False)):
+        config, _ = attention_ops.schedule(torch.bfloat16, num_rows, batch, 8, 4, 128, 4096,
+                                           132)
+        prefill = attention_ops.launch_config(torch.bfloat16, 128, decode=False)
+        assert (config != prefill) == decode, (num_rows, batch)
 
 
 def test_few_sequences_get_small_query_tiles_and_enough_splits():
     """One sequence of a Qwen3-8B decode step (8 KV heads, 32 rows, GQA 4, a page table of
-    560 positions): 16-pair query tiles (64 programs instead of 8), split so the grid reaches
-    two programs per multiprocessor, at most one split per 32-key tile of the table; many
-    sequences keep the 64-pair tiles and do not split."""
-    config, splits = attention_ops.schedule(torch.bfloat16, 1, 8, 32, 4, 128, 35 * 16, 132)
-    assert config.block_m == 16 and splits == min(triton_cdiv(264, 8 * 8), 35 * 16 // 32)
-    config, splits = attention_ops.schedule(torch.bfloat16, 1, 8, 32, 4, 128, 2 * 32, 132)
+    560 positions): 16-pair query tiles (10 programs per KV head instead of 4), split so the
+    grid reaches two programs per multiprocessor, at most one split per 32-key tile of the
+    table; many sequences keep the 64-pair tiles and do not split."""
+    config, splits = attention_ops.schedule(torch.bfloat16, 32, 1, 8, 4, 128, 35 * 16, 132)
+    programs = 8 * attention_ops.query_tiles(32, 1, 4, 16)
+    assert config.block_m == 16 and programs == 80
+    assert splits == min(triton_cdiv(264, programs), triton_cdiv(35 * 16, 32))
+    _, splits = attention_ops.schedule(torch.bfloat16, 32, 1, 8, 4, 128, 2 * 32, 132)
     assert splits == 2  # a table of two key tiles
-    config, splits = attention_ops.schedule(torch.bfloat16, 64, 8, 16, 4, 128, 35 * 16, 132)
+    config, splits = attention_ops.schedule(torch.bfloat16, 64 * 16, 64, 8, 4, 128, 35 * 16,
+                                            132)
     assert config.block_m == 64 and splits == 1
 
 
@@ -500,15 +571,14 @@ def test_default_schedule_of_a_long_decode_window_splits_and_matches_the_referen
     ctx, rows, group, head_dim, page_size = 1000, 4, 2, 16, 64
     table, num_pages = _scattered_layout([ctx], [rows], rows, page_size, 0, g)
     capacity = len(table[0]) * page_size
-    _, splits = attention_ops.schedule(torch.float32, 1, 1, rows, group, head_dim, capacity,
+    _, splits = attention_ops.schedule(torch.float32, rows + 2, 1, 1, group, head_dim, capacity,
                                        attention_ops._multiprocessors(torch.device(DEVICE)))
     assert splits > 1
     q = torch.randn(1, rows, group, head_dim, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.25)
     out = _run_kernel(args)
-    _assert_close(out, ref.paged_attention(*[a.cpu() if isinstance(a, torch.Tensor) else a
-                                             for a in args]), torch.float32)
+    _assert_close(out, reference(*_cpu(args)), torch.float32)
 
 
 # ---------------------------------------------------------------------------- variants
@@ -540,13 +610,17 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
     monkeypatch.setattr(attention_ops, "_combine_splits_kernel", combine)
     monkeypatch.setattr(attention_ops, "_upcast", lambda q: False)  # as on a GPU
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for rows, group, num_splits in ((16, 4, 1), (16, 4, 3), (32, 4, 2), (64, 2, None),
-                                        (65, 1, None), (512, 4, None), (7, 1, 2)):
-            q = torch.zeros(1, rows, group, head_dim, dtype=dtype)
+        for rows, batch, group, num_splits in ((16, 1, 4, 1), (16, 1, 4, 3), (32, 1, 4, 2),
+                                               (64, 1, 2, None), (65, 1, 1, None),
+                                               (512, 1, 4, None), (7, 1, 1, 2),
+                                               (1024, 64, 4, None)):
+            q = torch.zeros(rows, group, head_dim, dtype=dtype)
             cache = torch.zeros(1, 16, 1, head_dim, dtype=dtype)
             out = torch.empty_like(q)
-            paged_attention_into(out, q, cache, cache, torch.zeros(1, 4, dtype=torch.int32),
-                                 _lengths([0]).cpu(), _lengths([rows]).cpu(), 0.1,
+            paged_attention_into(out, q, cache, cache,
+                                 torch.zeros(batch, 4, dtype=torch.int32),
+                                 torch.zeros(batch + 1, dtype=torch.int32),
+                                 torch.zeros(batch, dtype=torch.int32), 0.1,
                                  num_splits=num_splits)
     for variant in variants:
         assert list(variant.signature) == list(inspect.signature(variant.kernel.fn).parameters)
@@ -566,7 +640,7 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
         )
         for v in variants
     }
-    assert len(attention.launches) == 3 * 7 and len(combine.launches) >= 3 * 3
+    assert len(attention.launches) == 3 * 8 and len(combine.launches) >= 3 * 3
     for launch in attention.launches + combine.launches:
         assert launch in listed, launch
 
@@ -603,7 +677,7 @@ def test_qwen3_shapes_match_pytorch_on_gpu(dtype, batch, rows, context, page_siz
     q_len = [rows - 3 * b for b in range(batch)]
     args = _qwen3_decode_inputs(batch, rows, context, page_size, dtype, g, q_len)
     out = _run_kernel(args)
-    _assert_close(out, paged_attention_torch(*args), dtype)
+    _assert_close(out, pytorch(*args), dtype)
 
 
 @pytest.mark.cuda
@@ -617,7 +691,7 @@ def test_head_sizes_match_pytorch_on_gpu(dtype, head_dim):
         k_cache, v_cache = _caches(num_pages, 16, 2, head_dim, dtype, g)
         args = (q, k_cache, v_cache, _table(table), _lengths([context, 3]),
                 _lengths([rows, rows - 5]), head_dim**-0.5)
-        _assert_close(_run_kernel(args), paged_attention_torch(*args), dtype)
+        _assert_close(_run_kernel(args), pytorch(*args), dtype)
 
 
 @pytest.mark.cuda
@@ -626,16 +700,20 @@ def test_bf16_equals_sdpa_on_the_gathered_cache_on_gpu(rows, context):
     g = torch.Generator().manual_seed(22)
     args = _qwen3_decode_inputs(1, rows, context, 16, torch.bfloat16, g)
     q, k_cache, v_cache, table = args[:4]
-    out = paged_attention_triton(*args)
+    out = triton_launcher(*args)
     expected = _sdpa_on_gathered_cache(q, k_cache, v_cache, table[0].tolist(), context, rows)
     _assert_close(out[0], expected, torch.bfloat16)
 
 
 @pytest.mark.cuda
 def test_cuda_graph_replay_with_changed_inputs_matches_eager():
+    """A captured call replays with new q, caches, page table, row offsets and contexts (the
+    number of packed rows, a shape, stays)."""
     g = torch.Generator().manual_seed(23)
-    static = list(_qwen3_decode_inputs(2, 16, 3000, 16, torch.bfloat16, g))
-    static[5] = torch.tensor([16, 9], dtype=torch.int32, device="cuda")
+    q, k_cache, v_cache, table, ctx_len, _, scale = _qwen3_decode_inputs(
+        2, 16, 3000, 16, torch.bfloat16, g)
+    static = [q.reshape(32, *q.shape[2:]), k_cache, v_cache, table,
+              torch.tensor([0, 16, 25], dtype=torch.int32, device="cuda"), ctx_len, scale]
 
     def step():
         return paged_attention_triton(*static)
@@ -645,24 +723,15 @@ def test_cuda_graph_replay_with_changed_inputs_matches_eager():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
-    for context, q_len in (([100, 2500], [16, 3]), ([3000, 0], [1, 16])):
+    for context, starts in (([100, 2500], [0, 16, 19]), ([3000, 0], [0, 1, 17])):
         fresh = _qwen3_decode_inputs(2, 16, 3000, 16, torch.bfloat16, g)
-        for target, source in zip(static[:4], fresh[:4]):
+        static[0].copy_(fresh[0].reshape(32, *fresh[0].shape[2:]))
+        for target, source in zip(static[1:4], fresh[1:4]):
             target.copy_(source)
-        static[4].copy_(torch.tensor(context, dtype=torch.int32))
-        static[5].copy_(torch.tensor(q_len, dtype=torch.int32))
+        static[4].copy_(torch.tensor(starts, dtype=torch.int32))
+        static[5].copy_(torch.tensor(context, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
         eager = step()
         assert torch.equal(captured, eager)
         _assert_close(captured, paged_attention_torch(*static), torch.bfloat16)
-
-
-@pytest.mark.cuda
-def test_flash_attn_adapter_matches_the_triton_kernel():
-    pytest.importorskip("flash_attn")
-    g = torch.Generator().manual_seed(24)
-    args = list(_qwen3_decode_inputs(3, 16, 700, 256, torch.bfloat16, g, q_len=[16, 5, 0]))
-    assert attention_ops.flash_attn_applies(args[0], args[1])
-    expected = _run_kernel(args)
-    _assert_close(attention_ops.paged_attention_flash(*args), expected, torch.bfloat16)

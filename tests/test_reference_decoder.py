@@ -2,11 +2,11 @@
 
 Three kinds of oracle:
 - a scripted fake model whose rows have chosen entropies and argmax tokens, so whole decodes
-  can be worked out by hand from ALGORITHM.md section 4 (including its worked example);
+  can be worked out by hand from docs/algorithm.md section 4 (including its worked example);
 - Hugging Face transformers on a tiny random Qwen3 (AR greedy, window logits, first steps);
 - the cached path (reference.model.forward_paged with reference.window.reorder_window):
   replaying every recorded forward through a paged KV cache must give the recorded logits
-  (the prefix-cacheability invariant of ALGORITHM.md section 3).
+  (the prefix-cacheability invariant of docs/algorithm.md section 3).
 """
 
 import dataclasses
@@ -104,7 +104,7 @@ def fake_decode(
 
 
 def test_worked_example_of_algorithm_section_4():
-    """ALGORITHM.md's worked example: W=4, lam=0.02, tau=0.6, L=10."""
+    """docs/algorithm.md's worked example: W=4, lam=0.02, tau=0.6, L=10."""
     script = [
         # step 1: positions 10 and 12 pass (0.10, 0.30 + 0.04): window [a, M, c, M]
         {10: 0.1, 11: 2.0, 12: 0.3, 13: 2.0},
@@ -301,13 +301,13 @@ def replay_through_paged_cache(config, weights, prompt, result, window, page_siz
     ]
     cos_sin = rope_cache(max_positions, config.head_dim, config.rope_theta)
 
-    positions = torch.arange(len(prompt)).reshape(1, -1)
+    positions = torch.arange(len(prompt))
     table = block_table[0].to(torch.int64)
     prefill_slots = table[positions // page_size] * page_size + positions % page_size
     forward_paged(
-        weights, config, kv_caches, cos_sin, torch.tensor([prompt]), positions, prefill_slots,
-        block_table, torch.tensor([0], dtype=torch.int32),
-        torch.tensor([len(prompt)], dtype=torch.int32),
+        weights, config, kv_caches, cos_sin, torch.tensor(prompt), positions, prefill_slots,
+        block_table, torch.tensor([0, len(prompt)], dtype=torch.int32),
+        torch.tensor([0], dtype=torch.int32),
     )
     for step, record in enumerate(result.trace):
         n = len(record.win_mask)
@@ -317,18 +317,19 @@ def replay_through_paged_cache(config, weights, prompt, result, window, page_siz
         win_mask[0, :n] = torch.tensor(record.win_mask)
         win_len = torch.tensor([n], dtype=torch.int32)
         ctx_len = torch.tensor([record.ctx_len], dtype=torch.int32)
-        input_ids, row_positions, slot_mapping, order, _ = reorder_window(
-            win_tokens, win_mask, win_len, ctx_len, block_table, page_size
+        input_ids, row_positions, slot_mapping, order, query_start, _ = reorder_window(
+            win_tokens, win_mask, win_len, ctx_len, block_table, page_size, n
         )
-        assert order[0, :n].tolist() == record.order
-        assert input_ids[0, :n].tolist() == record.input_ids[record.ctx_len:].tolist()
-        assert row_positions[0, :n].tolist() == record.position_ids[record.ctx_len:].tolist()
+        assert query_start.tolist() == [0, n]
+        assert order.tolist() == record.order
+        assert input_ids.tolist() == record.input_ids[record.ctx_len:].tolist()
+        assert row_positions.tolist() == record.position_ids[record.ctx_len:].tolist()
         logits = forward_paged(
             weights, config, kv_caches, cos_sin, input_ids, row_positions, slot_mapping,
-            block_table, ctx_len, win_len,
+            block_table, query_start, ctx_len,
         )
         torch.testing.assert_close(
-            logits[0, :n], record.logits, atol=1e-9, rtol=1e-9, msg=f"step {step}"
+            logits, record.logits, atol=1e-9, rtol=1e-9, msg=f"step {step}"
         )
     return kv_caches, block_table
 

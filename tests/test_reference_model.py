@@ -59,7 +59,7 @@ def checkpoints(tmp_path_factory):
 
 def wedlm_step_inputs(rng: torch.Generator, ctx_len: int, win_len: int):
     """``committed ++ reordered window`` ids and position ids for a random window state
-    (ALGORITHM.md section 3): filled slots first, then masks, at ``ctx_len + slot``."""
+    (docs/algorithm.md section 3): filled slots first, then masks, at ``ctx_len + slot``."""
     committed = torch.randint(0, VOCAB_SIZE - 1, (ctx_len,), generator=rng).tolist()
     is_mask = (torch.rand(win_len, generator=rng) < 0.5).tolist()
     window = torch.randint(0, VOCAB_SIZE - 1, (win_len,), generator=rng).tolist()
@@ -207,47 +207,50 @@ def test_forward_paged_matches_no_cache_forward(
     cos_sin = rope_cache(max(prompt_lens) + slots, config.head_dim, config.rope_theta)
 
     prompts = [torch.randint(0, VOCAB_SIZE - 1, (n,), generator=rng) for n in prompt_lens]
-    prompt_width = max(1, max(prompt_lens))
-    prefill_ids = torch.zeros(batch, prompt_width, dtype=torch.int64)
-    prefill_positions = torch.zeros(batch, prompt_width, dtype=torch.int64)
-    prefill_slots = torch.full((batch, prompt_width), -1, dtype=torch.int64)
-    for b, prompt in enumerate(prompts):
-        for t, token in enumerate(prompt.tolist()):
-            prefill_ids[b, t] = token
-            prefill_positions[b, t] = t
-            prefill_slots[b, t] = int(block_table[b, t // page_size]) * page_size + t % page_size
+    # prefill: the prompts packed back to back
+    prefill_ids = torch.cat(prompts)
+    prefill_positions = torch.cat([torch.arange(n) for n in prompt_lens])
+    prefill_slots = torch.cat([
+        block_table[b, torch.arange(n) // page_size].long() * page_size
+        + torch.arange(n) % page_size for b, n in enumerate(prompt_lens)
+    ])
     prompt_len = torch.tensor(prompt_lens, dtype=torch.int32)
+    prefill_start = torch.tensor([0, *torch.tensor(prompt_lens).cumsum(0).tolist()],
+                                 dtype=torch.int32)
     prefill_logits = forward_paged(
         weights, config, kv_caches, cos_sin, prefill_ids, prefill_positions, prefill_slots,
-        block_table, torch.zeros(batch, dtype=torch.int32), prompt_len,
+        block_table, prefill_start, torch.zeros(batch, dtype=torch.int32),
     )
 
     win_len = torch.randint(1, slots + 1, (batch,), generator=rng).to(torch.int32)
     win_mask = torch.rand(batch, slots, generator=rng) < 0.5
     win_tokens = torch.randint(0, VOCAB_SIZE - 1, (batch, slots), generator=rng)
     win_tokens[win_mask] = MASK_TOKEN_ID
-    input_ids, positions, slot_mapping, _, _ = reorder_window(
-        win_tokens, win_mask, win_len, prompt_len, block_table, page_size
+    input_ids, positions, slot_mapping, _, query_start, _ = reorder_window(
+        win_tokens, win_mask, win_len, prompt_len, block_table, page_size,
+        int(win_len.sum()) + 1,
     )
     step_logits = forward_paged(
         weights, config, kv_caches, cos_sin, input_ids, positions, slot_mapping,
-        block_table, prompt_len, win_len,
+        block_table, query_start, prompt_len,
     )
 
     for b in range(batch):
-        n, ctx = int(win_len[b]), prompt_lens[b]
+        ctx = prompt_lens[b]
+        rows = slice(int(query_start[b]), int(query_start[b + 1]))
         if ctx > 0:
             expected_prefill = forward(weights, config, prompts[b], torch.arange(ctx))
             torch.testing.assert_close(
-                prefill_logits[b, :ctx], expected_prefill, atol=1e-9, rtol=1e-9
+                prefill_logits[int(prefill_start[b]): int(prefill_start[b + 1])],
+                expected_prefill, atol=1e-9, rtol=1e-9,
             )
         expected = forward(
             weights,
             config,
-            torch.cat([prompts[b], input_ids[b, :n]]),
-            torch.cat([torch.arange(ctx), positions[b, :n]]),
+            torch.cat([prompts[b], input_ids[rows]]),
+            torch.cat([torch.arange(ctx), positions[rows]]),
         )
-        torch.testing.assert_close(step_logits[b, :n], expected[ctx:], atol=1e-9, rtol=1e-9)
+        torch.testing.assert_close(step_logits[rows], expected[ctx:], atol=1e-9, rtol=1e-9)
 
 
 # ---- config parsing -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """wedlm_kernels: fused kernels for WeDLM (causal-attention diffusion LM) decoding.
 
-Public ops (DESIGN.md section 4, exact semantics in docs/contracts.md):
+Public ops (exact semantics in docs/contracts.md):
 
 - :func:`reorder_window`: topological reordering of the decode window (ids, logical RoPE
   positions, physical cache slots).

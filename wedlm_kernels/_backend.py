@@ -1,4 +1,4 @@
-"""The backend switch of DESIGN.md section 2, read once at import.
+"""The backend switch (README, "Backends"), read once at import.
 
 ``WEDLM_KERNELS_BACKEND``:
 

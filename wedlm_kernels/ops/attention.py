@@ -1,10 +1,13 @@
-"""Causal (bottom-right aligned) attention of window rows over a paged KV cache, with GQA.
+"""Causal (bottom-right aligned) attention of packed query rows over a paged KV cache, GQA.
 
-Row ``j`` of sequence ``b`` is the query at cache position ``ctx_len[b] + j`` and attends to
-key positions ``0 .. ctx_len[b] + j``: the committed prefix plus the window rows up to and
-including itself. That is the causal mask of varlen attention with ``q_len`` queries and
-``ctx_len + q_len`` keys, aligned at the bottom right. Query head ``h`` reads KV head
-``h // (Hq // Hkv)``. Exact semantics: docs/contracts.md, "paged_attention".
+Queries are packed, as inference engines lay them out: the rows of sequence ``b`` are
+``q[query_start[b] : query_start[b+1]]`` (``query_start`` holds cumulative row counts,
+vLLM's ``query_start_loc``, flash-attn's ``cu_seqlens_q``). Row ``j`` of sequence ``b`` is the
+query at cache position ``ctx_len[b] + j`` and attends to key positions
+``0 .. ctx_len[b] + j``: the committed prefix plus the window rows up to and including
+itself, the causal mask of varlen attention with ``q_len`` queries and ``ctx_len + q_len``
+keys aligned at the bottom right. Query head ``h`` reads KV head ``h // (Hq // Hkv)``.
+Exact semantics: docs/contracts.md, "paged_attention".
 """
 
 import functools
@@ -32,18 +35,21 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    r"""Attention of ``q_len[b]`` query rows per sequence over its paged K/V, causal
+    r"""Attention of each sequence's packed query rows over its paged K/V, causal
     (bottom-right aligned), grouped-query.
 
     Parameters
     ----------
     q : torch.Tensor
-        ``[B, S, Hq, D]`` float32, float16 or bfloat16, stride 1 in the last dimension (other
-        strides arbitrary). Row ``j`` of sequence ``b`` sits at position ``ctx_len[b] + j``.
+        ``[N, Hq, D]`` float32, float16 or bfloat16, stride 1 in the last dimension (other
+        strides arbitrary, e.g. a view of a fused qkv projection). Rows
+        ``query_start[b] .. query_start[b+1] - 1`` belong to sequence ``b``; row
+        ``query_start[b] + j`` sits at position ``ctx_len[b] + j``. Rows at or after
+        ``query_start[B]`` are padding.
     k_cache : torch.Tensor
         ``[num_pages, page_size, Hkv, D]``, q's dtype, contiguous ("NHD" paged layout).
         ``Hq`` must be a multiple of ``Hkv``. Not modified.
@@ -54,35 +60,39 @@ def paged_attention(
         ``block_table[b, t // page_size]``, offset ``t % page_size``. Must cover positions
         ``< ctx_len[b] + q_len[b]``; a needed position that is not covered (page index
         ``>= P``, page id negative or ``>= num_pages``) makes that row NaN (loud).
+        ``P * page_size + N`` must not exceed ``2^31 - 2^16`` (positions are int32).
+    query_start : torch.Tensor
+        ``[B+1]`` int32: ``query_start[0] = 0``, non-decreasing, ``query_start[B] <= N``
+        (checked with ``WEDLM_KERNELS_DEBUG=1``). ``q_len[b] = query_start[b+1] -
+        query_start[b]``.
     ctx_len : torch.Tensor
-        ``[B]`` int32: committed tokens in the cache before the window.
-    q_len : torch.Tensor
-        ``[B]`` int32: live query rows (clamped to ``[0, S]``); rows ``j >= q_len[b]`` are zero.
+        ``[B]`` int32: committed tokens in the cache before the sequence's rows.
     scale : float
         Finite softmax scale, usually ``D ** -0.5``.
 
     Returns
     -------
     out : torch.Tensor
-        ``[B, S, Hq, D]`` in q's dtype, contiguous: ``softmax(scale * q.k) @ v`` over key
-        positions ``0 .. ctx_len[b] + j`` (scores and softmax in float32). Cache positions
-        outside that range are never read, whatever they hold.
+        ``[N, Hq, D]`` in q's dtype, contiguous: ``softmax(scale * q.k) @ v`` over key
+        positions ``0 .. ctx_len[b] + j`` (scores and softmax in float32); zeros on padding
+        rows. Cache positions outside a row's range are never read, whatever they hold.
 
     Example
     -------
     >>> import torch, wedlm_kernels as wk
-    >>> q = torch.randn(2, 4, 8, 64)                    # B=2, S=4, Hq=8, D=64
+    >>> q = torch.randn(7, 8, 64)                       # 4 + 3 rows, Hq=8, D=64
     >>> k_cache = torch.randn(6, 16, 2, 64)             # 6 pages of 16, Hkv=2
     >>> v_cache = torch.randn(6, 16, 2, 64)
     >>> block_table = torch.tensor([[3, 0], [5, 1]], dtype=torch.int32)
+    >>> query_start = torch.tensor([0, 4, 7], dtype=torch.int32)
     >>> ctx_len = torch.tensor([20, 0], dtype=torch.int32)
-    >>> q_len = torch.tensor([4, 3], dtype=torch.int32)
-    >>> out = wk.paged_attention(q, k_cache, v_cache, block_table, ctx_len, q_len, 64**-0.5)
-    >>> out.shape, bool((out[1, 3] == 0).all())
-    (torch.Size([2, 4, 8, 64]), True)
+    >>> out = wk.paged_attention(q, k_cache, v_cache, block_table, query_start, ctx_len,
+    ...                          64**-0.5)
+    >>> out.shape
+    torch.Size([7, 8, 64])
     """
     dims = Dims()
-    check_tensor("q", q, FLOAT_DTYPES, ("B", "S", "Hq", "D"), dims, unit_last_stride=True)
+    check_tensor("q", q, FLOAT_DTYPES, ("N", "Hq", "D"), dims, unit_last_stride=True)
     cache_shape = ("num_pages", "page_size", "Hkv", "D")
     check_tensor("k_cache", k_cache, q.dtype, cache_shape, dims, contiguous=True)
     check_tensor("v_cache", v_cache, q.dtype, cache_shape, dims, contiguous=True)
@@ -97,36 +107,39 @@ def paged_attention(
             f"`k_cache`"
         )
     check_tensor("block_table", block_table, torch.int32, ("B", "P"), dims)
-    if dims["P"] * dims["page_size"] + dims["S"] > MAX_POSITIONS:
+    if dims["P"] * dims["page_size"] + dims["N"] > MAX_POSITIONS:
         raise ValueError(
             f"`block_table` addresses {dims['P']} x {dims['page_size']} positions: with "
-            f"{dims['S']} query rows, at most {MAX_POSITIONS} (positions are int32)"
+            f"{dims['N']} query rows, at most {MAX_POSITIONS} (positions are int32)"
         )
+    check_tensor("query_start", query_start, torch.int32, ("B+1",), dims)
     check_tensor("ctx_len", ctx_len, torch.int32, ("B",), dims)
-    check_tensor("q_len", q_len, torch.int32, ("B",), dims)
     check_float("scale", scale)
     check_same_device(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, ctx_len=ctx_len,
-        q_len=q_len,
+        q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+        query_start=query_start, ctx_len=ctx_len,
     )
     if _validate.DEBUG:
-        _debug_check_values(block_table, ctx_len, q_len, dims["S"], k_cache)
+        _debug_check_values(block_table, query_start, ctx_len, dims["N"], k_cache)
     return _dispatch.call(
-        "paged_attention", q, k_cache, v_cache, block_table, ctx_len, q_len, float(scale)
+        "paged_attention", q, k_cache, v_cache, block_table, query_start, ctx_len, float(scale)
     )
 
 
 def _debug_check_values(
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
-    rows: int,
+    num_rows: int,
     k_cache: torch.Tensor,
 ) -> None:
     num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    debug_check(query_start[0] == 0, "`query_start[0]` must be 0")
+    debug_check(query_start[1:] >= query_start[:-1], "`query_start` must be non-decreasing")
+    debug_check(query_start[-1] <= num_rows, f"`query_start[B]` must be <= N = {num_rows}")
     debug_check(ctx_len >= 0, "`ctx_len` must be >= 0")
-    debug_check((q_len >= 0) & (q_len <= rows), f"`q_len` must lie in [0, {rows}]")
-    needed_pages = (ctx_len.long() + q_len.long() + page_size - 1) // page_size
+    q_len = (query_start[1:] - query_start[:-1]).long()
+    needed_pages = (ctx_len.long() + q_len + page_size - 1) // page_size
     debug_check(
         needed_pages <= block_table.shape[1],
         "`block_table` must have a page for every position < ctx_len + q_len",
@@ -145,59 +158,64 @@ def paged_attention_torch(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Vectorised PyTorch implementation of :func:`paged_attention`.
 
-    Gathers all ``P * page_size`` positions the page table can address (a static shape),
-    masks the invisible ones per row, and runs a float32 softmax. Memory is
-    ``B * Hq * S * P * page_size`` scores: meant for the CPU and for checking.
+    Gathers, for every row, all ``P * page_size`` positions its sequence's page table can
+    address (a static shape), masks the invisible ones and runs a float32 softmax. Memory is
+    ``N * P * page_size * Hkv * D`` values: meant for the CPU and for checking.
     """
-    batch, rows, q_heads, head_dim = q.shape
+    num_rows, q_heads, head_dim = q.shape
     num_pages, page_size, kv_heads, _ = k_cache.shape
+    batch, width = block_table.shape
     group = q_heads // kv_heads
-    capacity = block_table.shape[1] * page_size
+    capacity = width * page_size
     device = q.device
+    if num_rows == 0 or batch == 0:
+        return torch.zeros(q.shape, dtype=q.dtype, device=device)
+
+    # The sequence of each row: the last b with query_start[b] <= row; rows at or after
+    # query_start[B] (b == B) or before query_start[0] (b == -1) are padding.
+    row = torch.arange(num_rows, device=device)
+    starts = query_start.long()
+    sequence = torch.searchsorted(starts, row, right=True) - 1
+    row_live = (sequence >= 0) & (sequence < batch)
+    sequence = sequence.clamp(0, batch - 1)
+    last_visible = ctx_len.long()[sequence] + row - starts[sequence]  # [N]: sees 0 .. this
 
     # The cache entries of positions 0 .. capacity-1 of every sequence; page ids out of
     # range are clamped for the gather and the positions marked as not covered.
     key_pos = torch.arange(capacity, device=device)
     page_ids = block_table.long()[:, key_pos // page_size]  # [B, K]
     covered = (page_ids >= 0) & (page_ids < num_pages)
-    slots = (page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size).reshape(-1)
-    keys = k_cache.view(-1, kv_heads, head_dim).index_select(0, slots)
-    values = v_cache.view(-1, kv_heads, head_dim).index_select(0, slots)
-    keys = keys.view(batch, capacity, kv_heads, head_dim).float()
-    values = values.view(batch, capacity, kv_heads, head_dim).float()
-
-    # Row j sees positions 0 .. ctx_len + j (bottom-right aligned causal mask).
-    row = torch.arange(rows, device=device)
-    last_visible = ctx_len.long()[:, None] + row[None, :]  # [B, S]
-    visible = key_pos[None, None, :] <= last_visible[:, :, None]  # [B, S, K]
-    row_live = row[None, :] < q_len.long().clamp(0, rows)[:, None]
+    slots = page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size
+    keys = k_cache.view(-1, kv_heads, head_dim)[slots][sequence].float()  # [N, K, Hkv, D]
+    values = v_cache.view(-1, kv_heads, head_dim)[slots][sequence].float()
+    visible = key_pos[None, :] <= last_visible[:, None]  # [N, K]
     row_loud = (
-        (visible & ~covered[:, None, :]).any(dim=-1)
+        (visible & ~covered[sequence]).any(dim=-1)
         | (last_visible >= capacity)
         | (last_visible < 0)
     )
 
-    # Scores [B, Hkv, G, S, K]: query head h = n * G + g reads KV head n.
-    query = q.float().reshape(batch, rows, kv_heads, group, head_dim)
-    scores = torch.einsum("bsngd,bknd->bngsk", query, keys) * scale
+    # Scores [N, Hkv, G, K]: query head h = n * G + g reads KV head n.
+    query = q.float().reshape(num_rows, kv_heads, group, head_dim)
+    scores = torch.einsum("nhgd,nkhd->nhgk", query, keys) * scale
     scores = scores.masked_fill(~visible[:, None, None], -math.inf)
     weights = torch.softmax(scores, dim=-1)
 
     # Invisible positions get weight 0, but 0 * NaN = NaN: non-finite values are summed as
     # 0 and the output element is set to NaN only where a visible position holds one.
     finite = torch.isfinite(values)
-    out = torch.einsum("bngsk,bknd->bsngd", weights, torch.where(finite, values, 0.0))
-    poisoned = torch.einsum("bsk,bknd->bsnd", visible.float(), (~finite).float()) > 0
-    out = torch.where(poisoned[:, :, :, None, :], math.nan, out)
-    out = out.reshape(batch, rows, q_heads, head_dim)
-    out = torch.where(row_loud[:, :, None, None], math.nan, out)
-    out = torch.where(row_live[:, :, None, None], out, 0.0)
+    out = torch.einsum("nhgk,nkhd->nhgd", weights, torch.where(finite, values, 0.0))
+    poisoned = torch.einsum("nk,nkhd->nhd", visible.float(), (~finite).float()) > 0
+    out = torch.where(poisoned[:, :, None, :], math.nan, out)
+    out = out.reshape(num_rows, q_heads, head_dim)
+    out = torch.where(row_loud[:, None, None], math.nan, out)
+    out = torch.where(row_live[:, None, None], out, 0.0)
     return out.to(q.dtype).contiguous()
 
 
@@ -206,8 +224,8 @@ def paged_attention_fake(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     return q.new_empty(q.shape)
@@ -226,8 +244,16 @@ def paged_attention_fake(
 # and out = acc / l after the last tile.
 #
 # GQA: the rows of a tile (the M dimension of both products) are (query row, query head)
-# pairs of ONE KV head, flattened as pair = row * G + g for query head kv_head * G + g
-# (G = Hq / Hkv), so every K/V tile is loaded once for all G query heads that read it.
+# pairs of ONE sequence and ONE KV head, flattened as pair = j * G + g for query head
+# kv_head * G + g (G = Hq / Hkv), so every K/V tile is loaded once for all G query heads.
+#
+# Programs over packed rows: sequence b needs cdiv(q_len_b * G, BLOCK_M) tiles. Its tiles
+# get the program ids from first_tile(b) = (query_start[b] * G) // BLOCK_M + b on, which
+# leaves room for them (first_tile(b+1) - first_tile(b) >= floor(q_len_b G / BLOCK_M) + 1);
+# a program finds its sequence by counting the b with first_tile(b) <= its id, and one past
+# the last tile of its sequence writes nothing. The padding rows query_start[B] .. N-1 form a last
+# pseudo-sequence whose programs write zeros, so the grid has (N G) // BLOCK_M + B + 1
+# programs per KV head: fixed by the shapes, as a CUDA graph needs.
 #
 # Causal mask: row j sees keys 0 .. ctx + j. Keys below ctx + first_row + 1 are visible to
 # every row of the tile (the "full" loop, no mask); the remaining keys up to
@@ -238,7 +264,7 @@ def paged_attention_fake(
 # the launcher from shapes (an upper bound, so a call can be captured in a CUDA graph); the
 # chunk size is computed on the device from the sequence's own key count,
 #     keys_per_split = max(ceil(ceil(K / num_splits) / BLOCK_N), 1) * BLOCK_N,
-#     K = clamp(ctx + live, 0, capacity) (the keys of the sequence's last live row),
+#     K = clamp(ctx + q_len, 0, capacity) (the keys of the sequence's last row),
 # so the keys are spread over the splits whatever the page table's capacity, and a split
 # that starts past a tile's last key exits without reading or writing anything. A program
 # stores its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the
@@ -254,53 +280,86 @@ def paged_attention_fake(
 # - cache entries a row does not see are never read into its result: in the diagonal loop
 #   their scores are -inf (probability exactly 0), and since 0 * NaN = NaN, non-finite
 #   values are zeroed for the P @ V product and put back as NaN only into the output
-#   elements of the rows that see them (row r sees a non-finite value in column d iff the
-#   first key holding one there is <= ctx + r). In the full loop every loaded key is visible
-#   to every row.
-# - rows j >= clamp(q_len, 0, S) are zero; a row with ctx + j < 0 (no visible key) or
+#   elements of the rows that see them (row j sees a non-finite value in column d iff the
+#   first key holding one there is <= ctx + j). In the full loop every loaded key is
+#   visible to every row.
+# - padding rows are zero; a row with ctx + j < 0 (no visible key) or
 #   ctx + j >= P * page_size (a needed position beyond the page table) is NaN.
-# - positions are int32: the public function requires P * page_size + S <= 2^31 - 2^16, so
-#   ctx + S and every split end (at most 64 splits of 64 keys past the keys) fit; every
+# - positions are int32: the public function requires P * page_size + N <= 2^31 - 2^16, so
+#   ctx + q_len and every split end (at most 64 splits of 64 keys past the keys) fit; every
 #   address is computed in int64.
 
 _LOG2_E = 1.4426950408889634
 
 # Triton turns an integer argument equal to 1 into a compile-time constant. These arguments
-# (sizes and strides that are 1 in some calls: one KV head, no GQA, contiguous lengths, a
-# single split, ...) are kept as plain i32 so that each dtype and tile configuration is ONE
+# (sizes and strides that are 1 in some calls: one KV head, no GQA, one sequence, a single
+# split, ...) are kept as plain i32 so that each dtype and tile configuration is ONE
 # compiled specialisation. head_dim stays specialised (its divisibility by 16 lets K/V rows
 # load as 16-byte vectors); the launcher hands head sizes below 2 to the PyTorch
 # implementation, so it is never 1.
 ATTENTION_UNSPECIALISED = (
-    "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
-    "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
-    "page_size", "table_width", "num_pages", "num_splits",
+    "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
+    "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
+    "group", "page_size", "table_width", "num_pages", "num_splits",
 )
 COMBINE_UNSPECIALISED = (
-    "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "page_size",
-    "table_width", "num_splits",
+    "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads", "group",
+    "page_size", "table_width", "num_splits",
 )
+
+
+@triton.jit
+def _program_sequence(
+    query_start_ptr, query_start_stride, num_rows, num_sequences, group,
+    BLOCK_M: tl.constexpr, BLOCK_BATCH: tl.constexpr,
+):
+    """``(sequence, tile, first_row, q_len)`` of this program (axis 0): the last b in
+    [0, B] with first_tile(b) = (query_start[b] * G) // BLOCK_M + b <= program id; b = B is
+    the padding rows' pseudo-sequence (rows query_start[B] .. N-1). first_tile is
+    increasing, so b + 1 is the number of sequences whose first tile is <= the program id:
+    counted BLOCK_BATCH sequences at a time (independent loads, no dependent chain as in a
+    binary search)."""
+    program = tl.program_id(0)
+    count = tl.zeros([], dtype=tl.int32)
+    for chunk in range(0, num_sequences + 1, BLOCK_BATCH):
+        b = chunk + tl.arange(0, BLOCK_BATCH)
+        in_batch = b <= num_sequences
+        start = tl.load(query_start_ptr + b.to(tl.int64) * query_start_stride, mask=in_batch,
+                        other=0)
+        first_tile = (start.to(tl.int64) * group) // BLOCK_M + b
+        count += tl.sum((in_batch & (first_tile <= program)).to(tl.int32), axis=0)
+    sequence = count - 1  # -1 only when query_start[0] > 0 (invalid input): nothing to do
+    safe = tl.maximum(sequence, 0).to(tl.int64)
+    first_row = tl.minimum(tl.maximum(tl.load(query_start_ptr + safe * query_start_stride), 0),
+                           num_rows)
+    next_start = tl.load(query_start_ptr + tl.minimum(safe + 1, num_sequences)
+                         * query_start_stride)
+    end_row = tl.where(sequence < num_sequences, next_start, num_rows)
+    q_len = tl.where(sequence >= 0, tl.minimum(tl.maximum(end_row, first_row), num_rows)
+                     - first_row, 0)
+    tile = program - ((first_row * group) // BLOCK_M + sequence)
+    return sequence, tile, first_row, q_len
 
 
 @triton.jit(do_not_specialize=ATTENTION_UNSPECIALISED)
 def _paged_attention_kernel(
-    q_ptr,  # [B, S, Hq, D], unit last stride
+    q_ptr,  # [N, Hq, D], unit last stride
     k_cache_ptr,  # [num_pages * page_size, Hkv, D] contiguous
     v_cache_ptr,  # [num_pages * page_size, Hkv, D] contiguous
     block_table_ptr,  # [B, P] int32
+    query_start_ptr,  # [B + 1] int32
     ctx_len_ptr,  # [B] int32
-    q_len_ptr,  # [B] int32
-    out_ptr,  # [B, S, Hq, D] contiguous, q's dtype (written when num_splits == 1)
-    partial_out_ptr,  # [B * Hkv, num_splits, S * G, D] fp32 (written when num_splits > 1)
-    partial_lse_ptr,  # [B * Hkv, num_splits, S * G] fp32 (written when num_splits > 1)
-    q_batch_stride,
+    out_ptr,  # [N, Hq, D] contiguous, q's dtype (written when num_splits == 1)
+    partial_out_ptr,  # [Hkv, num_splits, N * G, D] fp32 (written when num_splits > 1)
+    partial_lse_ptr,  # [Hkv, num_splits, N * G] fp32 (written when num_splits > 1)
     q_row_stride,
     q_head_stride,
     table_batch_stride,
     table_page_stride,
+    query_start_stride,
     ctx_len_stride,
-    q_len_stride,
-    rows,  # S
+    num_rows,  # N
+    num_sequences,  # B
     kv_heads,  # Hkv
     group,  # G = Hq / Hkv
     head_dim,  # D
@@ -314,38 +373,36 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,  # next_power_of_2(D), at least 16
     PAGE_TILE: tl.constexpr,  # page_size % BLOCK_N == 0: one page id per key tile
     UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
+    BLOCK_BATCH: tl.constexpr,  # sequences counted at a time to find a program's sequence
 ):
-    pairs = rows * group
-    tile = tl.cdiv(pairs, BLOCK_M) - 1 - tl.program_id(0)  # the longest tiles start first
-    batch_head = tl.program_id(1)
+    sequence, tile, first_row_of_sequence, live = _program_sequence(
+        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
+        BLOCK_BATCH)
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    batch = (batch_head // kv_heads).to(tl.int64)
-    kv_head = batch_head % kv_heads
+    is_sequence = (sequence >= 0) & (sequence < num_sequences)
+    batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
 
     capacity = table_width * page_size  # positions the page table can address
-    live = tl.minimum(tl.maximum(tl.load(q_len_ptr + batch * q_len_stride), 0), rows)
     # clamping keeps ctx + row in int32 and changes no outcome (NaN stays NaN)
-    ctx = tl.minimum(tl.maximum(tl.load(ctx_len_ptr + batch * ctx_len_stride), -rows - 1),
-                     capacity)
+    ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
+    ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
 
-    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    row = pair // group
+    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M], within the sequence
+    row = pair // group  # j, within the sequence
     q_head = kv_head * group + pair % group
-    row_live = row < live
+    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
+    packed_row = (first_row_of_sequence + row).to(tl.int64)  # [BLOCK_M]
     last_key = ctx + row  # [BLOCK_M]: the row sees keys 0 .. last_key
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
 
-    q_offsets = (
-        batch * q_batch_stride + row.to(tl.int64)[:, None] * q_row_stride
-        + q_head.to(tl.int64)[:, None] * q_head_stride + d[None, :]
-    )
     # Keys [split_start, full_stop) are visible to every row of the tile (whole tiles only);
-    # keys [full_stop, diagonal_end) are masked per row.
+    # keys [full_stop, diagonal_end) are masked per row. Padding programs read none.
     first_row = (tile * BLOCK_M) // group
     last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, live - 1)
     key_end = tl.minimum(tl.maximum(ctx + last_row + 1, 0), capacity)
-    key_end = tl.where(last_row >= first_row, key_end, 0)  # a tile of padding rows reads none
+    key_end = tl.where((last_row >= first_row) & is_sequence, key_end, 0)
     full_end = tl.minimum(tl.maximum(ctx + first_row + 1, 0), key_end)
     sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)  # keys of the last row
     keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
@@ -353,8 +410,10 @@ def _paged_attention_kernel(
     split_end = split_start + keys_per_split
     has_keys = (num_splits == 1) | (split_start < key_end)  # else: no row here reads this split
 
-    q = tl.load(q_ptr + q_offsets, mask=(row_live & has_keys)[:, None] & d_mask[None, :],
-                other=0.0)
+    q_offsets = (packed_row[:, None] * q_row_stride
+                 + q_head.to(tl.int64)[:, None] * q_head_stride + d[None, :])
+    q = tl.load(q_ptr + q_offsets,
+                mask=(row_live & has_keys & is_sequence)[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     full_stop = split_start + tl.maximum(
@@ -426,8 +485,8 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         finite = (v == v) & (tl.abs(v) < float("inf"))
         v_finite = tl.where(finite, v, 0.0).to(v.dtype)
-        # row r sees key n iff n <= last_key[r] (and n in range), so it sees a non-finite
-        # value in column d iff the first in-range key holding one there is <= last_key[r]
+        # row j sees key n iff n <= last_key[j] (and n in range), so it sees a non-finite
+        # value in column d iff the first in-range key holding one there is <= last_key[j]
         first_non_finite = tl.min(
             tl.where(finite | (in_range[:, None] == 0), 2**31 - 1, keys[:, None]), axis=0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v_finite, input_precision="ieee")
@@ -436,33 +495,33 @@ def _paged_attention_kernel(
 
     row_nan = uncovered > 0
     normalised = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0: no key in range
-    pair_mask = (pair < pairs)[:, None] & d_mask[None, :]
+    pair_mask = row_live[:, None] & d_mask[None, :]
     if num_splits == 1:
         row_nan = row_nan | (last_key < 0) | (last_key >= capacity)
         out = tl.where(row_nan[:, None], float("nan"), normalised)
-        out = tl.where(row_live[:, None], out, 0.0)
-        out_offsets = (
-            (batch * rows + row.to(tl.int64)) * (kv_heads * group) + q_head
-        )[:, None] * head_dim + d[None, :]
+        out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
+        out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=pair_mask)
-    elif has_keys:
+    elif has_keys & is_sequence:
         partial = tl.where(row_nan[:, None], float("nan"), normalised)
         lse = tl.where(l_i == 0.0, -float("inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
-        base = (batch_head.to(tl.int64) * num_splits + split) * pairs + pair  # [BLOCK_M]
-        tl.store(partial_lse_ptr + base, lse, mask=pair < pairs)
+        packed_pair = packed_row * group + pair % group  # [BLOCK_M]
+        base = (kv_head.to(tl.int64) * num_splits + split) * (num_rows * group) + packed_pair
+        tl.store(partial_lse_ptr + base, lse, mask=row_live)
         tl.store(partial_out_ptr + base[:, None] * head_dim + d[None, :], partial, mask=pair_mask)
 
 
 @triton.jit(do_not_specialize=COMBINE_UNSPECIALISED)
 def _combine_splits_kernel(
-    partial_out_ptr,  # [B * Hkv, num_splits, S * G, D] fp32
-    partial_lse_ptr,  # [B * Hkv, num_splits, S * G] fp32
+    partial_out_ptr,  # [Hkv, num_splits, N * G, D] fp32
+    partial_lse_ptr,  # [Hkv, num_splits, N * G] fp32
+    query_start_ptr,  # [B + 1] int32
     ctx_len_ptr,  # [B] int32
-    q_len_ptr,  # [B] int32
-    out_ptr,  # [B, S, Hq, D] contiguous, q's dtype
+    out_ptr,  # [N, Hq, D] contiguous, q's dtype
+    query_start_stride,
     ctx_len_stride,
-    q_len_stride,
-    rows,
+    num_rows,
+    num_sequences,
     kv_heads,
     group,
     head_dim,
@@ -472,32 +531,35 @@ def _combine_splits_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # the attention kernel's key tile (its chunking of the keys)
     BLOCK_D: tl.constexpr,
+    BLOCK_BATCH: tl.constexpr,
 ):
-    pairs = rows * group
-    tile = tl.program_id(0)
-    batch_head = tl.program_id(1)
-    batch = (batch_head // kv_heads).to(tl.int64)
-    kv_head = batch_head % kv_heads
+    sequence, tile, first_row_of_sequence, live = _program_sequence(
+        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
+        BLOCK_BATCH)
+    kv_head = tl.program_id(1)
+    is_sequence = (sequence >= 0) & (sequence < num_sequences)
+    batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
 
     capacity = table_width * page_size
-    live = tl.minimum(tl.maximum(tl.load(q_len_ptr + batch * q_len_stride), 0), rows)
-    ctx = tl.minimum(tl.maximum(tl.load(ctx_len_ptr + batch * ctx_len_stride), -rows - 1),
-                     capacity)
+    ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
+    ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
     pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row = pair // group
     q_head = kv_head * group + pair % group
-    row_live = row < live
+    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
+    packed_row = (first_row_of_sequence + row).to(tl.int64)
     last_key = ctx + row
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
 
-    # the chunking of the attention kernel: row r's keys 0 .. ctx + r lie in its first
-    # cdiv(ctx + r + 1, keys_per_split) splits, which are the ones written for it
+    # the chunking of the attention kernel: row j's keys 0 .. ctx + j lie in its first
+    # cdiv(ctx + j + 1, keys_per_split) splits, which are the ones written for it
     sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
     keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
     row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
-    row_splits = tl.cdiv(row_keys, keys_per_split)  # [BLOCK_M]
-    base = batch_head.to(tl.int64) * num_splits * pairs + pair  # [BLOCK_M], split 0
+    row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)  # [BLOCK_M]
+    pairs = num_rows * group
+    base = kv_head.to(tl.int64) * num_splits * pairs + packed_row * group + pair % group
     lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
     for split in range(num_splits):
         lse = tl.load(partial_lse_ptr + base + split * pairs,
@@ -516,49 +578,46 @@ def _combine_splits_kernel(
         acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
         denominator += weight
 
-    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]  # 0: a row not live
+    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]
     row_nan = (last_key < 0) | (last_key >= capacity)
     out = tl.where(row_nan[:, None], float("nan"), out)
-    out = tl.where(row_live[:, None], out, 0.0)
-    out_offsets = (
-        (batch * rows + row.to(tl.int64)) * (kv_heads * group) + q_head
-    )[:, None] * head_dim + d[None, :]
+    out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
+    out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
-             mask=(pair < pairs)[:, None] & d_mask[None, :])
+             mask=row_live[:, None] & d_mask[None, :])
 
 
 # ---------------------------------------------------------------------------- launcher
 #
 # Tiles (BLOCK_M pairs x BLOCK_N keys x BLOCK_D): fp16/bf16 products run on tensor cores with
 # 128 x 32 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, 64 x 32 for
-# decode windows (S * G <= 64 pairs) and small heads, 64 x 16 for heads of 256. When a decode
-# window's grid of those query tiles has fewer programs than the GPU has multiprocessors (few
-# sequences and KV heads), fp16/bf16 use 16 x 32 tiles instead, for any head size: up to four
-# times the programs (when S * G >= 64), each with fewer registers. fp32 takes exact fp32
-# products ("ieee", no TF32) with small tiles. Each
-# choice is the largest tile that compiles for sm_90 without spilling registers to local
-# memory (ptxas, as checked by tests/test_kernels_compile_sm90.py); the 64-key tiles used
-# before spilled 150 bytes per thread at head_dim 128 (3 KiB before the non-finite tracking
-# of the masked loop stopped using a second matrix product).
+# decode windows and small heads, 64 x 16 for heads of 256. When a decode step's grid of
+# those query tiles has fewer programs than the GPU has multiprocessors (few sequences and KV
+# heads), fp16/bf16 use 16 x 32 tiles instead, for any head size: up to four times the
+# programs, each with fewer registers. fp32 takes exact fp32 products ("ieee", no TF32) with
+# small tiles. Each choice is the largest tile that compiles for sm_90 without spilling
+# registers to local memory (ptxas, as checked by tests/test_kernels_compile_sm90.py).
 #
 # Schedules, chosen from shapes only (no value is read on the host, so a call can be captured
-# in a CUDA graph):
-# - query tiles: grid (cdiv(S * G, BLOCK_M), B * Hkv), one pass over the keys per tile; used
-#   for prefill (S > 64) and whenever that grid already fills the GPU;
-# - split-KV: for decode windows (S <= 64) whose grid is below SPLIT_TARGET_WAVES programs per
-#   multiprocessor, grid (tiles, B * Hkv, num_splits) with num_splits up to the number of key
+# in a CUDA graph): "decode" when the rows average at most MAX_DECODE_ROWS per sequence, else
+# "prefill".
+# - query tiles: grid ((N G) // BLOCK_M + B + 1, Hkv), one pass over the keys per tile; used
+#   for prefill and whenever that grid already fills the GPU;
+# - split-KV: for decode steps whose grid is below SPLIT_TARGET_WAVES programs per
+#   multiprocessor, grid (tiles, Hkv, num_splits) with num_splits up to the number of key
 #   tiles the page table can address; each sequence's keys are spread over the splits on the
 #   device (see the kernel), then the combine kernel merges the splits.
 
-MAX_DECODE_ROWS = 64  # windows up to this many rows may split the keys
-MAX_POSITIONS = 2**31 - 2**16  # P * page_size + S: int32 positions with room for split ends
+MAX_DECODE_ROWS = 64  # steps averaging up to this many rows per sequence may split the keys
+MAX_POSITIONS = 2**31 - 2**16  # P * page_size + N: int32 positions with room for split ends
 MAX_SPLITS = 64
 SPLIT_TARGET_WAVES = 2  # programs per multiprocessor the split schedule aims for
 MIN_KERNEL_HEAD_DIM = 2  # head sizes outside [2, 256] use the PyTorch implementation
 MAX_KERNEL_HEAD_DIM = 256
 _COMBINE_BLOCK_M = 16
+# Sequences a program counts at a time to find its own (one element per thread of 4 warps).
+_BLOCK_BATCH = 128
 _INTERPRETER_MULTIPROCESSORS = 4  # the "device width" the split heuristic assumes on CPU
-USE_FLASH_ATTN = True  # use flash-attn's paged path where it is installed and applies
 
 
 @dataclass(frozen=True)
@@ -575,11 +634,12 @@ def head_dim_block(head_dim: int) -> int:
 
 
 def launch_config(
-    dtype: torch.dtype, head_dim: int, pairs: int, few_programs: bool = False
+    dtype: torch.dtype, head_dim: int, decode: bool, few_programs: bool = False
 ) -> LaunchConfig:
-    """Tile sizes for q's dtype, the head size and the (row, head) pairs per KV head;
-    ``few_programs``: a decode window whose default query tiles would underfill the GPU.
-    Each configuration compiles for sm_90 without register spills (checked by the tests)."""
+    """Tile sizes for q's dtype and head size, for a decode step (few rows per sequence) or
+    prefill; ``few_programs``: a decode step whose default query tiles would underfill the
+    GPU. Each configuration compiles for sm_90 without register spills (checked by the
+    tests)."""
     block_d = head_dim_block(head_dim)
     if dtype == torch.float32:
         return LaunchConfig(16, 16, 4, 2) if block_d >= 64 else LaunchConfig(32, 32, 4, 2)
@@ -587,15 +647,15 @@ def launch_config(
         return LaunchConfig(16, 32, 4, 2)
     if block_d >= 256:
         return LaunchConfig(64, 16, 8, 2)
-    if block_d <= 64 or pairs <= 64:
+    if block_d <= 64 or decode:
         return LaunchConfig(64, 32, 4 if block_d <= 64 else 8, 3)
     return LaunchConfig(128, 32, 8, 3)
 
 
 def launch_configs(dtype: torch.dtype, block_d: int) -> list[LaunchConfig]:
     """Every configuration :func:`launch_config` gives for q's dtype and a BLOCK_D."""
-    configs = {launch_config(dtype, block_d, pairs, few)
-               for pairs in (MAX_DECODE_ROWS, MAX_DECODE_ROWS + 1) for few in (False, True)}
+    configs = {launch_config(dtype, block_d, decode, few)
+               for decode in (False, True) for few in (False, True)}
     return sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps))
 
 
@@ -611,32 +671,34 @@ def _multiprocessors(device: torch.device) -> int:
     return _MULTIPROCESSORS[index]
 
 
+def query_tiles(num_rows: int, batch: int, group: int, block_m: int) -> int:
+    """Programs per KV head that cover every sequence's (row, head) pairs and the padding
+    rows (see the kernel's program mapping)."""
+    return (num_rows * group) // block_m + batch + 1
+
+
 @functools.lru_cache(maxsize=1024)
 def schedule(
-    dtype: torch.dtype, batch: int, kv_heads: int, rows: int, group: int, head_dim: int,
+    dtype: torch.dtype, num_rows: int, batch: int, kv_heads: int, group: int, head_dim: int,
     capacity: int, multiprocessors: int,
 ) -> tuple[LaunchConfig, int]:
     """``(tile configuration, num_splits)`` of a call, from its shapes alone (cached)."""
-    pairs = rows * group
-    config = launch_config(dtype, head_dim, pairs)
-    tiles = batch * kv_heads * triton.cdiv(pairs, config.block_m)
-    if rows <= MAX_DECODE_ROWS and tiles < multiprocessors:
-        config = launch_config(dtype, head_dim, pairs, few_programs=True)
-    return config, split_count(batch, kv_heads, rows, group, capacity, config, multiprocessors)
+    decode = num_rows <= MAX_DECODE_ROWS * max(batch, 1)
+    config = launch_config(dtype, head_dim, decode)
+    if decode and kv_heads * query_tiles(num_rows, batch, group, config.block_m) < multiprocessors:
+        config = launch_config(dtype, head_dim, decode, few_programs=True)
+    programs = kv_heads * query_tiles(num_rows, batch, group, config.block_m)
+    return config, split_count(decode, programs, capacity, config, multiprocessors)
 
 
 def split_count(
-    batch: int, kv_heads: int, rows: int, group: int, capacity: int, config: LaunchConfig,
-    multiprocessors: int,
+    decode: bool, programs: int, capacity: int, config: LaunchConfig, multiprocessors: int
 ) -> int:
     """How many key chunks the split-KV schedule uses (1: the query-tile schedule): enough
     programs for SPLIT_TARGET_WAVES per multiprocessor, at most one per key tile the page
     table can address."""
-    if rows > MAX_DECODE_ROWS:
-        return 1
-    programs = batch * kv_heads * triton.cdiv(rows * group, config.block_m)
     target = SPLIT_TARGET_WAVES * multiprocessors
-    if programs >= target:
+    if not decode or programs >= target:
         return 1
     key_tiles = triton.cdiv(capacity, config.block_n)
     return max(1, min(triton.cdiv(target, programs), key_tiles, MAX_SPLITS))
@@ -658,22 +720,17 @@ def paged_attention_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Triton launcher of :func:`paged_attention` (arguments validated by the caller).
-
-    Uses flash-attn's paged path instead where it is installed and applies (see
-    :func:`flash_attn_applies`), and the PyTorch implementation for head sizes outside
-    ``[2, 256]``.
-    """
-    if flash_attn_applies(q, k_cache):
-        return paged_attention_flash(q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+    """Triton launcher of :func:`paged_attention` (arguments validated by the caller); the
+    PyTorch implementation for head sizes outside ``[2, 256]``."""
     if not MIN_KERNEL_HEAD_DIM <= q.shape[-1] <= MAX_KERNEL_HEAD_DIM:
-        return paged_attention_torch(q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+        return paged_attention_torch(q, k_cache, v_cache, block_table, query_start, ctx_len,
+                                     scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    paged_attention_into(out, q, k_cache, v_cache, block_table, ctx_len, q_len, scale)
+    paged_attention_into(out, q, k_cache, v_cache, block_table, query_start, ctx_len, scale)
     return out
 
 
@@ -683,130 +740,55 @@ def paged_attention_into(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
+    query_start: torch.Tensor,
     ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
     scale: float,
     *,
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> None:
-    """The kernel launch itself, writing into a given contiguous ``out [B, S, Hq, D]`` of q's
+    """The kernel launch itself, writing into a given contiguous ``out [N, Hq, D]`` of q's
     dtype (tests hand it a tensor between guard bands). ``num_splits`` forces the schedule
     (1: query tiles, more: split-KV with that many chunks) and ``block_m``/``block_n`` the
     tile sizes (powers of two, at least 16); by default all three follow the shapes."""
-    batch, rows, q_heads, head_dim = q.shape
+    num_rows, q_heads, head_dim = q.shape
     num_pages, page_size, kv_heads, _ = k_cache.shape
-    table_width = block_table.shape[1]
+    batch, table_width = block_table.shape
     if out.numel() == 0:
         return
     group = q_heads // kv_heads
-    pairs = rows * group
-    config, default_splits = schedule(q.dtype, batch, kv_heads, rows, group, head_dim,
+    config, default_splits = schedule(q.dtype, num_rows, batch, kv_heads, group, head_dim,
                                       table_width * page_size, _multiprocessors(q.device))
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
     num_splits = num_splits or default_splits
     if num_splits > 1:  # one allocation for both
-        partials = batch * kv_heads * num_splits * pairs
-        buffer = torch.empty(partials * (head_dim + 1), dtype=torch.float32, device=q.device)
-        partial_out, partial_lse = buffer.split([partials * head_dim, partials])
+        pairs = kv_heads * num_splits * num_rows * group
+        buffer = torch.empty(pairs * (head_dim + 1), dtype=torch.float32, device=q.device)
+        partial_out, partial_lse = buffer.split([pairs * head_dim, pairs])
     else:
         partial_out = partial_lse = _unused_fp32(q.device)  # never read or written
     block_d = head_dim_block(head_dim)
-    grid = (triton.cdiv(pairs, block_m), batch * kv_heads, num_splits)
+    grid = (query_tiles(num_rows, batch, group, block_m), kv_heads, num_splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, block_table, ctx_len, q_len, out, partial_out, partial_lse,
-        q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), block_table.stride(1),
-        ctx_len.stride(0), q_len.stride(0),
-        rows, kv_heads, group, head_dim, page_size, table_width, num_pages,
+        q, k_cache, v_cache, block_table, query_start, ctx_len, out, partial_out, partial_lse,
+        q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1),
+        query_start.stride(0), ctx_len.stride(0),
+        num_rows, batch, kv_heads, group, head_dim, page_size, table_width, num_pages,
         num_splits, float(scale) * _LOG2_E,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_TILE=page_size % block_n == 0,
-        UPCAST=_upcast(q), num_warps=config.num_warps, num_stages=config.num_stages,
+        UPCAST=_upcast(q), BLOCK_BATCH=_BLOCK_BATCH, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
-        _combine_splits_kernel[(triton.cdiv(pairs, _COMBINE_BLOCK_M), batch * kv_heads)](
-            partial_out, partial_lse, ctx_len, q_len, out, ctx_len.stride(0), q_len.stride(0),
-            rows, kv_heads, group, head_dim, page_size, table_width, num_splits,
-            BLOCK_M=_COMBINE_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+        combine_grid = (query_tiles(num_rows, batch, group, _COMBINE_BLOCK_M), kv_heads)
+        _combine_splits_kernel[combine_grid](
+            partial_out, partial_lse, query_start, ctx_len, out, query_start.stride(0),
+            ctx_len.stride(0), num_rows, batch, kv_heads, group, head_dim, page_size,
+            table_width, num_splits,
+            BLOCK_M=_COMBINE_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d,
+            BLOCK_BATCH=_BLOCK_BATCH, num_warps=4,
         )
-
-
-# ---------------------------------------------------------------------------- flash-attn
-#
-# A thin adapter to flash-attn's paged KV path (`flash_attn_with_kvcache`, pages of a multiple
-# of 256 positions), used where flash-attn is installed. flash-attn aligns its causal mask at
-# the bottom right of the S rows it is given, so each sequence's live rows are rolled to the
-# bottom (row j -> row S - live + j, which then sees keys 0 .. ctx + j) and rolled back after.
-# Page ids are clamped into range for flash-attn and the rows that need an uncovered position
-# are set to NaN here. One difference from the Triton kernel: flash-attn multiplies zero
-# probabilities by V, so a non-finite value in a cache entry that a row does not see (but a
-# later row of its window does) can reach that row's output.
-
-
-@functools.cache  # a failed import is not cached by Python and costs ~60 us per call
-def _flash_attn_with_kvcache():
-    try:
-        from flash_attn import flash_attn_with_kvcache
-    except ImportError:
-        return None
-    return flash_attn_with_kvcache
-
-
-def flash_attn_applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether :func:`paged_attention_triton` hands this call to flash-attn: it is installed,
-    ``USE_FLASH_ATTN`` is set, the tensors are fp16/bf16 CUDA tensors, pages hold a multiple
-    of 256 positions and ``head_dim`` is a multiple of 8 up to 256."""
-    head_dim = q.shape[-1]
-    return (
-        USE_FLASH_ATTN
-        and q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and k_cache.shape[1] % 256 == 0
-        and head_dim % 8 == 0
-        and head_dim <= 256
-        and _flash_attn_with_kvcache() is not None
-    )
-
-
-def paged_attention_flash(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    ctx_len: torch.Tensor,
-    q_len: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """:func:`paged_attention` through flash-attn's ``flash_attn_with_kvcache``."""
-    flash_attn_with_kvcache = _flash_attn_with_kvcache()
-    batch, rows, _, _ = q.shape
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    capacity = block_table.shape[1] * page_size
-    row = torch.arange(rows, device=q.device)
-    ctx = ctx_len.long()
-    live = q_len.long().clamp(0, rows)
-    # rows at or past the page table's end are NaN below; flash-attn only gets the others
-    flash_rows = torch.minimum(live, (capacity - ctx).clamp(min=0))
-    source = (row[None, :] - rows + flash_rows[:, None]) % rows  # rolled row i <- row source
-    rolled = torch.gather(q, 1, source[:, :, None, None].expand(q.shape))
-    out = flash_attn_with_kvcache(
-        rolled, k_cache, v_cache,
-        cache_seqlens=(ctx + flash_rows).clamp(min=0).to(torch.int32),
-        block_table=block_table.clamp(0, num_pages - 1).to(torch.int32),
-        softmax_scale=scale, causal=True,
-    )
-    back = (row[None, :] + rows - flash_rows[:, None]) % rows
-    out = torch.gather(out, 1, back[:, :, None, None].expand(out.shape))
-    # a row is NaN when it needs a position at or past the first uncovered page
-    bad_page = (block_table < 0) | (block_table >= num_pages)
-    first_bad = torch.where(bad_page.any(dim=1), bad_page.int().argmax(dim=1),
-                            block_table.shape[1])
-    last_key = ctx[:, None] + row[None, :]
-    row_nan = (last_key < 0) | (last_key >= first_bad[:, None] * page_size)
-    out = torch.where(row_nan[:, :, None, None], math.nan, out)
-    out = torch.where((row[None, :] < live[:, None])[:, :, None, None], out, 0.0)
-    return out.to(q.dtype).contiguous()
 
 
 # ---------------------------------------------------------------------------- variants
@@ -821,24 +803,25 @@ def _attention_variant(
     pointer = POINTER_TYPES[dtype]
     signature = {
         "q_ptr": pointer, "k_cache_ptr": pointer, "v_cache_ptr": pointer,
-        "block_table_ptr": "*i32", "ctx_len_ptr": "*i32", "q_len_ptr": "*i32",
+        "block_table_ptr": "*i32", "query_start_ptr": "*i32", "ctx_len_ptr": "*i32",
         "out_ptr": pointer, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
     }
     for name in (
-        "q_batch_stride", "q_row_stride", "q_head_stride", "table_batch_stride",
-        "table_page_stride", "ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group",
-        "head_dim", "page_size", "table_width", "num_pages", "num_splits",
+        "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
+        "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
+        "group", "head_dim", "page_size", "table_width", "num_pages", "num_splits",
     ):
         signature[name] = "i32"
     signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                     BLOCK_D="constexpr", PAGE_TILE="constexpr", UPCAST="constexpr")
+                     BLOCK_D="constexpr", PAGE_TILE="constexpr", UPCAST="constexpr",
+                     BLOCK_BATCH="constexpr")
     return KernelVariant(
         name=(f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}"
               f"_w{config.num_warps}{'_page_tile' if page_tile else ''}"),
         kernel=_paged_attention_kernel,
         signature=signature,
         constexprs={"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_D": block_d,
-                    "PAGE_TILE": page_tile, "UPCAST": False},
+                    "PAGE_TILE": page_tile, "UPCAST": False, "BLOCK_BATCH": _BLOCK_BATCH},
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         divisible_by_16=("head_dim",),
@@ -847,18 +830,20 @@ def _attention_variant(
 
 def _combine_variant(dtype: torch.dtype, block_d: int, block_n: int) -> KernelVariant:
     signature = {
-        "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "ctx_len_ptr": "*i32",
-        "q_len_ptr": "*i32", "out_ptr": POINTER_TYPES[dtype],
+        "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "query_start_ptr": "*i32",
+        "ctx_len_ptr": "*i32", "out_ptr": POINTER_TYPES[dtype],
     }
-    for name in ("ctx_len_stride", "q_len_stride", "rows", "kv_heads", "group", "head_dim",
-                 "page_size", "table_width", "num_splits"):
+    for name in ("query_start_stride", "ctx_len_stride", "num_rows", "num_sequences",
+                 "kv_heads", "group", "head_dim", "page_size", "table_width", "num_splits"):
         signature[name] = "i32"
-    signature.update(BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_D="constexpr")
+    signature.update(BLOCK_M="constexpr", BLOCK_N="constexpr", BLOCK_D="constexpr",
+                     BLOCK_BATCH="constexpr")
     return KernelVariant(
         name=f"combine_{_SHORT[dtype]}_d{block_d}_n{block_n}",
         kernel=_combine_splits_kernel,
         signature=signature,
-        constexprs={"BLOCK_M": _COMBINE_BLOCK_M, "BLOCK_N": block_n, "BLOCK_D": block_d},
+        constexprs={"BLOCK_M": _COMBINE_BLOCK_M, "BLOCK_N": block_n, "BLOCK_D": block_d,
+                    "BLOCK_BATCH": _BLOCK_BATCH},
         num_warps=4,
         divisible_by_16=("head_dim",),
     )

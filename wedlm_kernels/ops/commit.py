@@ -1,6 +1,6 @@
 """commit_window: commit, stop and length rules, window shift, fill and refill.
 
-The last op of a decode step (ALGORITHM.md section 4, steps 2 and 7; docs/contracts.md
+The last op of a decode step (docs/algorithm.md section 4, steps 2 and 7; docs/contracts.md
 "commit_window" rules 1-8). It updates the whole decoder state in place without a host
 synchronisation, so a step can be captured in a CUDA graph.
 
@@ -91,7 +91,7 @@ def commit_window(
 
     Example:
         >>> import torch, wedlm_kernels as wk
-        >>> M = 99  # ALGORITHM.md's worked example: window [a, M, c, M, M] at L = 10
+        >>> M = 99  # docs/algorithm.md's worked example: window [a, M, c, M, M] at L = 10
         >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
         >>> win_mask, win_len = win_tokens == M, torch.tensor([5], dtype=torch.int32)
         >>> ctx_len, out_len = torch.tensor([10], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)

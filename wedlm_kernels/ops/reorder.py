@@ -1,4 +1,4 @@
-"""reorder_window: the topological reordering of the decode window (ALGORITHM.md section 3).
+"""reorder_window: the topological reordering of the decode window (docs/algorithm.md section 3).
 
 Each sequence's live window slots are fed filled-first (a stable partition), at their
 logical RoPE positions, while their K/V goes to the cache slots of their physical rows.
@@ -29,14 +29,17 @@ def reorder_window(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reorder each sequence's window for the forward: filled slots first, then masks.
+    num_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reorder each sequence's window for the forward and pack the live rows of all
+    sequences back to back: filled slots first, then masks.
 
     For sequence ``b`` with ``n = clamp(win_len[b], 0, S)`` live slots and ``L = ctx_len[b]``
-    committed tokens, physical row ``j < n`` carries slot ``order[b, j]``, where ``order``
-    lists the filled live slots in ascending order followed by the mask slots in ascending
-    order. Row ``j`` is fed at its logical position ``L + order[b, j]`` and its K/V is
-    written to the cache slot of position ``L + j``. Rows ``j >= n`` are padding.
+    committed tokens, its rows are ``query_start[b] .. query_start[b+1] - 1``; its ``j``-th
+    row carries slot ``order[row]``, where the slots are the filled live slots in ascending
+    order followed by the mask slots in ascending order. Row ``j`` is fed at its logical
+    position ``L + order[row]`` and its K/V is written to the cache slot of position
+    ``L + j`` (its physical index). Rows at or after ``query_start[B]`` are padding.
 
     Args:
         win_tokens: ``[B, S]`` int64, window tokens in logical slot order (masks hold the
@@ -46,28 +49,33 @@ def reorder_window(
         ctx_len: ``[B]`` int32, committed tokens per sequence (prompt included).
         block_table: ``[B, P]`` int32, page ids of each sequence (negative: no page).
         page_size: positions per cache page, ``> 0``.
+        num_rows: ``R >= 0``, rows of the packed outputs: at least the live slots of the
+            batch (checked with ``WEDLM_KERNELS_DEBUG=1``; rows past ``R`` are dropped
+            and ``query_start`` is clamped to ``R``). A CUDA graph is captured per value.
 
     Returns:
-        ``(input_ids, positions, slot_mapping, order, n_filled)``, all fresh tensors:
+        ``(input_ids, positions, slot_mapping, order, query_start, n_filled)``, all fresh:
 
-        - ``input_ids`` ``[B, S]`` int64: ``win_tokens[b, order[b, j]]``; 0 on padding rows.
-        - ``positions`` ``[B, S]`` int64: ``L + order[b, j]``; ``L`` on padding rows.
-        - ``slot_mapping`` ``[B, S]`` int64: ``block_table[b, (L+j) // page_size] * page_size
+        - ``input_ids`` ``[R]`` int64: the token of the row's slot; 0 on padding rows.
+        - ``positions`` ``[R]`` int64: ``L + order[row]``; 0 on padding rows.
+        - ``slot_mapping`` ``[R]`` int64: ``block_table[b, (L+j) // page_size] * page_size
           + (L+j) % page_size``; -1 on padding rows and where the page index is outside
           ``[0, P)`` or the page id is negative (the K/V write is then dropped).
-        - ``order`` ``[B, S]`` int32: the slot fed by each row; ``j`` on padding rows.
-        - ``n_filled`` ``[B]`` int32: filled live slots; mask rows are ``n_filled .. n-1``.
+        - ``order`` ``[R]`` int32: the window slot fed by each row; 0 on padding rows.
+        - ``query_start`` ``[B+1]`` int32: cumulative live rows, ``query_start[0] = 0``.
+        - ``n_filled`` ``[B]`` int32: filled live slots; the mask rows of ``b`` are
+          ``query_start[b] + n_filled[b] .. query_start[b+1] - 1``.
 
     Example:
         >>> import torch, wedlm_kernels as wk
         >>> M = 99
         >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
-        >>> ids, pos, slots, order, n_filled = wk.reorder_window(
+        >>> ids, pos, slots, order, query_start, n_filled = wk.reorder_window(
         ...     win_tokens, win_tokens == M, torch.tensor([5], dtype=torch.int32),
         ...     torch.tensor([10], dtype=torch.int32),
-        ...     torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), 4)
-        >>> order[0, :5].tolist(), pos[0, :5].tolist(), slots[0, :5].tolist()
-        ([0, 2, 1, 3, 4], [10, 12, 11, 13, 14], [10, 11, 12, 13, 14])
+        ...     torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), 4, num_rows=5)
+        >>> order.tolist(), pos.tolist(), slots.tolist(), query_start.tolist()
+        ([0, 2, 1, 3, 4], [10, 12, 11, 13, 14], [10, 11, 12, 13, 14], [0, 5])
     """
     dims = Dims()
     check_tensor("win_tokens", win_tokens, torch.int64, ("B", "S"), dims)
@@ -80,11 +88,15 @@ def reorder_window(
         block_table=block_table,
     )
     check_int("page_size", page_size, minimum=1)
+    check_int("num_rows", num_rows, minimum=0)
     if _validate.DEBUG:
         debug_check((win_len >= 0) & (win_len <= dims["S"]), "win_len must be within [0, S]")
         debug_check(ctx_len >= 0, "ctx_len must be >= 0")
+        debug_check(win_len.clamp(0, dims["S"]).sum() <= num_rows,
+                    "`num_rows` must be at least the live slots of the batch (sum of win_len)")
     return _dispatch.call(
-        "reorder_window", win_tokens, win_mask, win_len, ctx_len, block_table, page_size
+        "reorder_window", win_tokens, win_mask, win_len, ctx_len, block_table, page_size,
+        num_rows,
     )
 
 
@@ -95,7 +107,8 @@ def reorder_window_torch(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, slots = win_tokens.shape
     pages = block_table.shape[1]
     device = win_tokens.device
@@ -116,11 +129,9 @@ def reorder_window_torch(
     order = torch.empty((batch, slots), dtype=torch.int64, device=device)
     order.scatter_(1, rank, slot)  # order[b, rank[b, s]] = s
 
-    # after the partition, row j is live iff j < n (the same test as for slots)
-    input_ids = torch.where(live, torch.gather(win_tokens, 1, order), 0)
-    positions = ctx + torch.where(live, order, 0)
-
-    # physical row j writes its K/V at position L + j
+    # per sequence and physical row j < n: id, logical position, cache slot of L + j
+    input_ids = torch.gather(win_tokens, 1, order)
+    positions = ctx + order
     physical = ctx + slot
     page_index = torch.div(physical, page_size, rounding_mode="floor")
     if pages == 0:
@@ -128,14 +139,29 @@ def reorder_window_torch(
     else:
         in_table = (page_index >= 0) & (page_index < pages)
         page_id = torch.gather(block_table, 1, page_index.clamp(0, pages - 1)).to(torch.int64)
-        writable = live & in_table & (page_id >= 0)
+        writable = in_table & (page_id >= 0)
         slot_mapping = torch.where(writable, page_id * page_size + physical % page_size, -1)
 
+    # pack: row r belongs to the first b whose rows end after r, as its row r - start[b]
+    ends = torch.cumsum(live_len.squeeze(1), dim=0).clamp(max=num_rows)  # [B]
+    query_start = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
+    row = torch.arange(num_rows, device=device)
+    sequence = torch.searchsorted(ends, row, right=True)  # B: a padding row
+    is_live = sequence < batch
+    sequence = sequence.clamp(max=max(batch - 1, 0))
+    j = (row - query_start[sequence]).clamp(0, max(slots - 1, 0))
+
+    def packed(values: torch.Tensor, padding: int) -> torch.Tensor:
+        if batch == 0 or slots == 0:
+            return torch.full((num_rows,), padding, dtype=values.dtype, device=device)
+        return torch.where(is_live, values[sequence, j], padding)
+
     return (
-        input_ids,
-        positions,
-        slot_mapping,
-        order.to(torch.int32),
+        packed(input_ids, 0),
+        packed(positions, 0),
+        packed(slot_mapping, -1),
+        packed(order, 0).to(torch.int32),
+        query_start,
         n_filled.squeeze(1).to(torch.int32),
     )
 
@@ -147,63 +173,92 @@ def _reorder_window_kernel(
     win_len_ptr,  # [B] int32
     ctx_len_ptr,  # [B] int32
     block_table_ptr,  # [B, P] int32
-    input_ids_ptr,  # [B, S] int64, contiguous output
-    positions_ptr,  # [B, S] int64, contiguous output
-    slot_mapping_ptr,  # [B, S] int64, contiguous output
-    order_ptr,  # [B, S] int32, contiguous output
+    input_ids_ptr,  # [R] int64, output
+    positions_ptr,  # [R] int64, output
+    slot_mapping_ptr,  # [R] int64, output
+    order_ptr,  # [R] int32, output
+    query_start_ptr,  # [B + 1] int32, output
     n_filled_ptr,  # [B] int32, output
+    batch,  # B
     slots,  # S
     pages,  # P
     page_size,
+    num_rows,  # R
     stride_tokens_b, stride_tokens_s,
     stride_mask_b, stride_mask_s,
     stride_win_len, stride_ctx_len,
     stride_table_b, stride_table_p,
     BLOCK_SLOTS: tl.constexpr,  # power of two >= S
+    BLOCK_BATCH: tl.constexpr,  # sequences summed per step for the row offsets
 ):
-    # One program per sequence b. Stable partition by ranks: with n live slots, a filled live
-    # slot s goes to physical row rank(s) = #filled live slots before s, a mask slot to
-    # n_filled + #mask slots before s, and a slot s >= n stays at row s (a padding row). The
-    # ranks are a permutation of 0..S-1, so the kernel scatters each slot's row values to
-    # row rank(s) instead of inverting the permutation. Physical row j writes its K/V at
-    # position L + j, so the slot mapping is computed per row j without the permutation.
-    b = tl.program_id(0).to(tl.int64)
+    # Programs 0 .. B-1: one sequence each. Stable partition by ranks: with n live slots, a
+    # filled live slot s goes to physical row rank(s) = #filled live slots before s, a mask
+    # slot to n_filled + #mask slots before s. The sequence's rows start at
+    # query_start[b] = sum of the live slots of the sequences before it (summed here, so no
+    # launch waits for another), and the kernel scatters each slot's row values to packed
+    # row query_start[b] + rank(s). Physical row j writes its K/V at position L + j, so the
+    # slot mapping is computed per row j without the permutation.
+    # Programs B ..: the padding rows query_start[B] .. R-1, BLOCK_SLOTS rows each; the
+    # first of them also writes query_start[B].
+    program = tl.program_id(0)
+    b = tl.minimum(program, batch).to(tl.int64)
+    before = tl.full([], 0, tl.int64)  # live slots of the sequences before b
+    sequences = tl.arange(0, BLOCK_BATCH)
+    for first in range(0, batch, BLOCK_BATCH):
+        index = first + sequences
+        lengths = tl.load(win_len_ptr + index.to(tl.int64) * stride_win_len,
+                          mask=index < b, other=0)
+        before += tl.sum(tl.minimum(tl.maximum(lengths, 0), slots).to(tl.int64), axis=0)
+    start = tl.minimum(before, num_rows)
     slot = tl.arange(0, BLOCK_SLOTS)  # [BLOCK_SLOTS]
-    in_window = slot < slots
-    live_len = tl.minimum(tl.maximum(tl.load(win_len_ptr + b * stride_win_len), 0), slots)
-    ctx = tl.load(ctx_len_ptr + b * stride_ctx_len).to(tl.int64)
-
-    live = slot < live_len
     slot64 = slot.to(tl.int64)
-    tokens = tl.load(win_tokens_ptr + b * stride_tokens_b + slot64 * stride_tokens_s,
-                     mask=live, other=0)
-    is_mask = tl.load(win_mask_ptr + b * stride_mask_b + slot64 * stride_mask_s,
-                      mask=live, other=0) != 0
-    filled = (live & ~is_mask).to(tl.int32)
-    masked = (live & is_mask).to(tl.int32)
-    filled_before = tl.cumsum(filled, axis=0) - filled
-    masked_before = tl.cumsum(masked, axis=0) - masked
-    n_filled = tl.sum(filled, axis=0)
-    rank = tl.where(filled != 0, filled_before,
-                    tl.where(masked != 0, n_filled + masked_before, slot))
 
-    row_base = b * slots
-    scatter = row_base + rank.to(tl.int64)  # [BLOCK_SLOTS]: output element of slot s
-    tl.store(order_ptr + scatter, slot, mask=in_window)
-    tl.store(input_ids_ptr + scatter, tl.where(live, tokens, 0), mask=in_window)
-    tl.store(positions_ptr + scatter, ctx + tl.where(live, slot64, 0), mask=in_window)
-    tl.store(n_filled_ptr + b, n_filled)
+    if program < batch:
+        live_len = tl.minimum(tl.maximum(tl.load(win_len_ptr + b * stride_win_len), 0), slots)
+        ctx = tl.load(ctx_len_ptr + b * stride_ctx_len).to(tl.int64)
+        live = slot < live_len
+        tokens = tl.load(win_tokens_ptr + b * stride_tokens_b + slot64 * stride_tokens_s,
+                         mask=live, other=0)
+        is_mask = tl.load(win_mask_ptr + b * stride_mask_b + slot64 * stride_mask_s,
+                          mask=live, other=0) != 0
+        filled = (live & ~is_mask).to(tl.int32)
+        masked = (live & is_mask).to(tl.int32)
+        filled_before = tl.cumsum(filled, axis=0) - filled
+        masked_before = tl.cumsum(masked, axis=0) - masked
+        n_filled = tl.sum(filled, axis=0)
+        rank = tl.where(filled != 0, filled_before, n_filled + masked_before)
 
-    # physical row j (= slot lane j) writes position L + j; physical >= 0 makes the
-    # truncating integer division and remainder the floor ones of the contract
-    physical = ctx + slot64
-    page_index = physical // page_size
-    in_table = live & (physical >= 0) & (page_index < pages)
-    page_id = tl.load(block_table_ptr + b * stride_table_b + page_index * stride_table_p,
-                      mask=in_table, other=-1).to(tl.int64)
-    writable = in_table & (page_id >= 0)
-    slot_mapping = tl.where(writable, page_id * page_size + physical % page_size, -1)
-    tl.store(slot_mapping_ptr + row_base + slot64, slot_mapping, mask=in_window)
+        scatter = before + rank.to(tl.int64)  # [BLOCK_SLOTS]: packed row of slot s
+        fed = live & (scatter < num_rows)
+        tl.store(order_ptr + scatter, slot, mask=fed)
+        tl.store(input_ids_ptr + scatter, tokens, mask=fed)
+        tl.store(positions_ptr + scatter, ctx + slot64, mask=fed)
+        tl.store(query_start_ptr + b, start.to(tl.int32))
+        tl.store(n_filled_ptr + b, n_filled)
+
+        # physical row j (= slot lane j) writes position L + j; physical >= 0 makes the
+        # truncating integer division and remainder the floor ones of the contract
+        physical = ctx + slot64
+        page_index = physical // page_size
+        in_table = live & (physical >= 0) & (page_index < pages)
+        page_id = tl.load(block_table_ptr + b * stride_table_b + page_index * stride_table_p,
+                          mask=in_table, other=-1).to(tl.int64)
+        writable = in_table & (page_id >= 0)
+        slot_mapping = tl.where(writable, page_id * page_size + physical % page_size, -1)
+        row = before + slot64
+        tl.store(slot_mapping_ptr + row, slot_mapping, mask=live & (row < num_rows))
+    else:
+        if program == batch:
+            tl.store(query_start_ptr + batch, start.to(tl.int32))
+        row = start + (program - batch) * BLOCK_SLOTS + slot64
+        padding = row < num_rows
+        tl.store(order_ptr + row, tl.zeros([BLOCK_SLOTS], tl.int32), mask=padding)
+        tl.store(input_ids_ptr + row, tl.zeros([BLOCK_SLOTS], tl.int64), mask=padding)
+        tl.store(positions_ptr + row, tl.zeros([BLOCK_SLOTS], tl.int64), mask=padding)
+        tl.store(slot_mapping_ptr + row, tl.full([BLOCK_SLOTS], -1, tl.int64), mask=padding)
+
+
+_BLOCK_BATCH = 256
 
 
 def _block_slots(slots: int) -> int:
@@ -221,19 +276,22 @@ def reorder_window_triton(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, slots = win_tokens.shape
     if slots > MAX_KERNEL_SLOTS:
-        return reorder_window_torch(win_tokens, win_mask, win_len, ctx_len, block_table, page_size)
+        return reorder_window_torch(win_tokens, win_mask, win_len, ctx_len, block_table,
+                                    page_size, num_rows)
     outputs = (
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # input_ids
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # positions
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),  # slot_mapping
-        win_tokens.new_empty((batch, slots), dtype=torch.int32),  # order
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),  # input_ids
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),  # positions
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),  # slot_mapping
+        win_tokens.new_empty((num_rows,), dtype=torch.int32),  # order
+        win_tokens.new_empty((batch + 1,), dtype=torch.int32),  # query_start
         win_tokens.new_empty((batch,), dtype=torch.int32),  # n_filled
     )
     reorder_window_into(win_tokens, win_mask, win_len, ctx_len, block_table, page_size,
-                               *outputs)
+                        num_rows, *outputs)
     return outputs
 
 
@@ -244,10 +302,12 @@ def reorder_window_into(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
+    num_rows: int,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     slot_mapping: torch.Tensor,
     order: torch.Tensor,
+    query_start: torch.Tensor,
     n_filled: torch.Tensor,
 ) -> None:
     """Launch the kernel into given contiguous outputs (``S <= MAX_KERNEL_SLOTS``).
@@ -256,18 +316,17 @@ def reorder_window_into(
     placed between guard bands.
     """
     batch, slots = win_tokens.shape
-    if batch == 0:
-        return
     block_slots = _block_slots(slots)
-    _reorder_window_kernel[(batch,)](
+    grid = (batch + triton.cdiv(num_rows, block_slots) + 1,)  # sequences, then padding tiles
+    _reorder_window_kernel[grid](
         win_tokens, win_mask, win_len, ctx_len, block_table,
-        input_ids, positions, slot_mapping, order, n_filled,
-        slots, block_table.shape[1], page_size,
+        input_ids, positions, slot_mapping, order, query_start, n_filled,
+        batch, slots, block_table.shape[1], page_size, num_rows,
         win_tokens.stride(0), win_tokens.stride(1),
         win_mask.stride(0), win_mask.stride(1),
         win_len.stride(0), ctx_len.stride(0),
         block_table.stride(0), block_table.stride(1),
-        BLOCK_SLOTS=block_slots,
+        BLOCK_SLOTS=block_slots, BLOCK_BATCH=_BLOCK_BATCH,
         num_warps=_num_warps(block_slots),
     )
 
@@ -278,21 +337,25 @@ def kernel_variants() -> list[KernelVariant]:
         "win_tokens_ptr": torch.int64, "win_mask_ptr": torch.bool, "win_len_ptr": torch.int32,
         "ctx_len_ptr": torch.int32, "block_table_ptr": torch.int32,
         "input_ids_ptr": torch.int64, "positions_ptr": torch.int64,
-        "slot_mapping_ptr": torch.int64, "order_ptr": torch.int32, "n_filled_ptr": torch.int32,
+        "slot_mapping_ptr": torch.int64, "order_ptr": torch.int32,
+        "query_start_ptr": torch.int32, "n_filled_ptr": torch.int32,
     }
     scalars = (
-        "slots", "pages", "page_size", "stride_tokens_b", "stride_tokens_s", "stride_mask_b",
-        "stride_mask_s", "stride_win_len", "stride_ctx_len", "stride_table_b", "stride_table_p",
+        "batch", "slots", "pages", "page_size", "num_rows", "stride_tokens_b",
+        "stride_tokens_s", "stride_mask_b", "stride_mask_s", "stride_win_len",
+        "stride_ctx_len", "stride_table_b", "stride_table_p",
     )
     signature = {name: POINTER_TYPES[dtype] for name, dtype in pointers.items()}
     signature.update({name: "i32" for name in scalars})
     signature["BLOCK_SLOTS"] = "constexpr"
+    signature["BLOCK_BATCH"] = "constexpr"
     variants = []
     block_slots = MIN_BLOCK_SLOTS
     while block_slots <= _block_slots(MAX_KERNEL_SLOTS):
         variants.append(KernelVariant(
             name=f"block_slots={block_slots}", kernel=_reorder_window_kernel,
-            signature=signature, constexprs={"BLOCK_SLOTS": block_slots},
+            signature=signature,
+            constexprs={"BLOCK_SLOTS": block_slots, "BLOCK_BATCH": _BLOCK_BATCH},
             num_warps=_num_warps(block_slots),
         ))
         block_slots *= 2
@@ -306,12 +369,14 @@ def reorder_window_fake(
     ctx_len: torch.Tensor,
     block_table: torch.Tensor,
     page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, slots = win_tokens.shape
+    num_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch = win_tokens.shape[0]
     return (
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),
-        win_tokens.new_empty((batch, slots), dtype=torch.int64),
-        win_tokens.new_empty((batch, slots), dtype=torch.int32),
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),
+        win_tokens.new_empty((num_rows,), dtype=torch.int64),
+        win_tokens.new_empty((num_rows,), dtype=torch.int32),
+        win_tokens.new_empty((batch + 1,), dtype=torch.int32),
         win_tokens.new_empty((batch,), dtype=torch.int32),
     )

@@ -1,6 +1,6 @@
 """select_tokens: entropy, distance penalty, threshold selection and sampling.
 
-One call handles every mask row of a decode step (ALGORITHM.md section 4, steps 3 to 6):
+One call handles every mask row of a decode step (docs/algorithm.md section 4, steps 3 to 6):
 the entropy of each row's untempered softmax, the distance-adjusted entropy used to decide
 which rows are committed this step, and a token for every row (greedy or top-k / top-p /
 temperature sampling by the Gumbel-max trick on a stateless Philox4x32-10 stream).

@@ -1,9 +1,10 @@
 """A tour of the public ops: a toy one-layer model decoded with WeDLM streaming steps.
 
-Every decode step is the pipeline of DESIGN.md section 3:
-reorder_window -> (rope_kv_append, paged_attention) per layer -> lm_head on mask rows ->
-select_tokens -> commit_window. The weights are random, so the tokens are noise; what the
-tour shows is the data flow, the shapes and the state after each step.
+Every decode step is the pipeline of docs/algorithm.md section 6:
+reorder_window (the live rows of all sequences, packed) -> (rope_kv_append, paged_attention)
+per layer -> lm_head on mask rows -> select_tokens -> commit_window. The weights are random,
+so the tokens are noise; what the tour shows is the data flow, the shapes and the state after
+each step.
 
 Run: python examples/tour.py   (or `make tour`)
 """
@@ -22,7 +23,7 @@ w_qkv = torch.randn(hidden, (q_heads + 2 * kv_heads) * head_dim, device=device) 
 w_out = torch.randn(q_heads * head_dim, hidden, device=device) / hidden**0.5
 lm_head = torch.randn(hidden, vocab, device=device)
 
-# decoder state (DESIGN.md section 3): 2 sequences, window 4, slot capacity 8
+# decoder state (docs/algorithm.md section 6): 2 sequences, window 4, slot capacity 8
 batch, window, slots, page_size, pages_per_seq = 2, 4, 8, 4, 8
 prompts = [[1, 2, 3, 4, 5], [7, 8]]
 max_new = torch.tensor([10, 6], dtype=torch.int32, device=device)
@@ -49,21 +50,20 @@ params = dict(
 )
 
 
-def layer(input_ids, positions, slot_mapping, ctx, q_len):
-    """One attention layer over [batch, rows] tokens; returns hidden states [batch, rows, hidden]."""
-    rows = input_ids.shape[1]
-    qkv = (embed[input_ids] @ w_qkv).view(batch * rows, -1)
+def layer(input_ids, positions, slot_mapping, query_start, ctx):
+    """One attention layer over N packed rows; returns hidden states [N, hidden]."""
+    qkv = embed[input_ids] @ w_qkv  # [N, (Hq + 2 Hkv) D]
     q = qkv[:, : q_heads * head_dim].view(-1, q_heads, head_dim)  # strided views: no copy
     k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(-1, kv_heads, head_dim)
     v = qkv[:, (q_heads + kv_heads) * head_dim :].view(-1, kv_heads, head_dim)
-    q = wk.rope_kv_append(q, k, v, positions.reshape(-1), cos_sin, k_cache, v_cache,
-                          slot_mapping.reshape(-1))
-    attn = wk.paged_attention(q.view(batch, rows, q_heads, head_dim), k_cache, v_cache,
-                              block_table, ctx, q_len, scale=head_dim**-0.5)
-    return attn.reshape(batch, rows, -1) @ w_out
+    q = wk.rope_kv_append(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    attn = wk.paged_attention(q, k_cache, v_cache, block_table, query_start, ctx,
+                              scale=head_dim**-0.5)
+    return attn.reshape(attn.shape[0], -1) @ w_out
 
 
-# prefill: the prompts, causal, ctx_len 0; no logits (masks have no shift, ALGORITHM.md 2)
+# prefill: the prompts, causal, ctx_len 0; no logits (masks have no shift,
+# docs/algorithm.md section 2)
 prompt_len = max(len(p) for p in prompts)
 prompt_ids = torch.zeros(batch, prompt_len, dtype=torch.int64, device=device)
 prefill_mask = torch.ones(batch, prompt_len, dtype=torch.bool, device=device)
@@ -71,27 +71,30 @@ for b, p in enumerate(prompts):
     prompt_ids[b, : len(p)] = torch.tensor(p)
     prefill_mask[b, : len(p)] = False
 zeros = torch.zeros(batch, dtype=torch.int32, device=device)
-# reorder_window on an all-filled "window" gives the prompt's positions and cache slots
-ids, positions, slot_mapping, _, _ = wk.reorder_window(
-    prompt_ids, prefill_mask, ctx_len, zeros, block_table, page_size)
-layer(ids, positions, slot_mapping, zeros, ctx_len)
+# reorder_window on an all-filled "window" packs the prompts with their positions and slots
+ids, positions, slot_mapping, _, query_start, _ = wk.reorder_window(
+    prompt_ids, prefill_mask, ctx_len, zeros, block_table, page_size,
+    num_rows=sum(len(p) for p in prompts))
+layer(ids, positions, slot_mapping, query_start, zeros)
 
 step = 0
-while not bool(finished.all()) and step < 20:  # the host polls `finished`; a step never syncs
-    ids, positions, slot_mapping, order, n_filled = wk.reorder_window(
-        win_tokens, win_mask, win_len, ctx_len, block_table, page_size)
-    hidden_states = layer(ids, positions, slot_mapping, ctx_len, win_len)
-    # lm_head on mask rows only: physical rows n_filled .. win_len-1, packed at fixed
-    # capacity `window` per sequence (padding rows get row_pos -1)
-    row = torch.arange(window, device=device)
-    physical = (n_filled[:, None] + row).clamp(max=slots - 1)
-    is_mask_row = (n_filled[:, None] + row) < win_len[:, None]
-    mask_hidden = hidden_states.gather(1, physical[..., None].expand(-1, -1, hidden))
-    logits = (mask_hidden @ lm_head).view(batch * window, vocab)
-    row_pos = torch.where(is_mask_row, positions.gather(1, physical), -1)  # ctx_len + order
+while not bool(finished.all()) and step < 20:  # the host polls `finished`
+    # the one number a step reads back: its live rows (an engine rounds it up to the row
+    # count of a captured CUDA graph; the extra rows are padding)
+    num_rows = int(win_len.sum())
+    ids, positions, slot_mapping, order, query_start, n_filled = wk.reorder_window(
+        win_tokens, win_mask, win_len, ctx_len, block_table, page_size, num_rows)
+    hidden_states = layer(ids, positions, slot_mapping, query_start, ctx_len)  # [N, hidden]
+    # lm_head on mask rows only: packed rows query_start[b] + n_filled[b] .. query_start[b+1]
+    # - 1, gathered into `window` rows per sequence (unused rows get row_pos -1)
+    mask_row = (query_start[:-1] + n_filled)[:, None] + torch.arange(window, device=device)
+    is_mask_row = mask_row < query_start[1:, None]
+    mask_row = mask_row.clamp(max=max(num_rows - 1, 0)).view(-1)
+    logits = hidden_states[mask_row] @ lm_head  # [B * window, vocab]
+    row_pos = torch.where(is_mask_row.view(-1), positions[mask_row], -1)  # ctx_len + order
     cu_rows = torch.arange(0, (batch + 1) * window, window, dtype=torch.int32, device=device)
-    token, selected, entropy = wk.select_tokens(logits, cu_rows, row_pos.view(-1), **params)
-    wk.commit_window(win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos.view(-1),
+    token, selected, entropy = wk.select_tokens(logits, cu_rows, row_pos, **params)
+    wk.commit_window(win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos,
                      token, selected, out_tokens, out_len, finished, stop_ids, max_new,
                      window, mask_id)
     step += 1
@@ -99,7 +102,8 @@ while not bool(finished.all()) and step < 20:  # the host polls `finished`; a st
         live = int(win_len[b])
         shown = ["M" if bool(m) else str(int(t))
                  for t, m in zip(win_tokens[b, :live], win_mask[b, :live])]
-        print(f"step {step} seq {b}: committed {out_tokens[b, : int(out_len[b])].tolist()} "
+        print(f"step {step} seq {b}: fed {int(query_start[b + 1] - query_start[b])} rows, "
+              f"committed {out_tokens[b, : int(out_len[b])].tolist()} "
               f"window {shown}{' (finished)' if bool(finished[b]) else ''}")
 
 print(f"done after {step} steps on {device}: "

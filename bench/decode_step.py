@@ -22,14 +22,22 @@ activation, adds, copies), and idle/host (step time minus kernel time).
 
 The weight-read floor is the bytes a forward must read (every layer's weights, the final
 norm and lm_head; the embedding is only gathered) over the device's copy bandwidth measured
-in the same run. The summary (a top-level ``"summary"`` key of the JSON) holds:
-``ar_b1_step_over_floor``, ``streaming_b1_over_ar_b1``, ``eager_over_graph_b1_streaming``
-(flat logits, graphs on unless stated), ``paged_attention_b1_q32_ctx512_us`` (one call in a
-CUDA graph: one sequence, 32 query rows, 512 positions of context, Qwen3-8B heads, bf16) and
+in the same run. The roofline of a case adds the matmul bound: max(floor, 2 x non-embedding
+parameters x live rows per step / the bf16 matmul rate measured in the same run (one
+8192^3 GEMM)); live rows per step are the rows the requests fed (``Result.rows``, padding
+excluded) over the same step difference. The summary (a top-level ``"summary"`` key of the
+JSON) holds: ``ar_b1_step_over_floor``, ``streaming_b1_over_ar_b1``,
+``eager_over_graph_b1_streaming``, ``streaming_b16_over_roofline``,
+``streaming_b64_over_roofline`` (flat logits, graphs on unless stated),
+``streaming_over_ar_toks_peaked_b{1,16,64}`` (tokens per second of streaming over AR with
+peaked logits), ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
+sequence, 32 query rows, 512 positions of context, Qwen3-8B heads, bf16) and
 ``max_public_op_host_us`` (``bench/host_overhead.py``).
 
 ``--cpu-smoke`` runs the same measurement on a tiny model (4 layers, hidden 64) on the CPU,
-batch 1 and 2, no graphs, no profiler: every figure there is a CPU measurement.
+batch 1 and 2, no graphs, no profiler: every figure there is a CPU measurement. ``--quick``
+(bench/gpu_check.sh's budget) runs B in {1, 16, 64} with graphs (and B = 1 without), two
+repeats.
 """
 
 import argparse
@@ -137,6 +145,34 @@ def with_logits(model: Model, base_lm_head: torch.Tensor, kind: str) -> None:
     model.lm_head = base_lm_head * LOGITS[kind]
 
 
+def non_embedding_parameters(model: Model) -> int:
+    """Parameters a forward multiplies with: every layer's, the final norm's and lm_head's."""
+    tensors = [model.final_norm, model.lm_head]
+    for layer in model.layers:
+        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() for t in tensors)
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, time_fn) -> dict:
+    """One ``size``^3 matmul of random ``dtype`` matrices: 2 size^3 FLOPs over its time."""
+    g = torch.Generator(device=device).manual_seed(5)
+    operands = [torch.randn(size, size, generator=g, device=device).to(dtype) for _ in range(2)]
+    timing = time_fn(lambda: torch.mm(*operands))
+    operands.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"size": size, "dtype": str(dtype), "timing": timing.to_json(),
+            "tflop_per_s": 2 * size**3 / (timing.median_us * 1e-6) / 1e12}
+
+
+def roofline_ms(floor_ms: float | None, parameters: int, rows_per_step: float | None,
+                tflop_per_s: float | None) -> float | None:
+    """max(weight-read floor, 2 x parameters x rows / matmul rate), in ms."""
+    if floor_ms is None or rows_per_step is None or not tflop_per_s:
+        return None
+    return max(floor_ms, 2 * parameters * rows_per_step / (tflop_per_s * 1e12) * 1e3)
+
+
 def weight_bytes(model: Model) -> int:
     """Bytes a forward reads: every layer's weights, the final norm and lm_head (the
     embedding is gathered row by row, not read)."""
@@ -147,14 +183,16 @@ def weight_bytes(model: Model) -> int:
 
 
 class CountingGenerator(Generator):
-    """A Generator that counts the decode steps it runs (the host runs ``poll_every``
-    steps between two polls)."""
+    """A Generator that counts the decode steps it runs: every step asks for its packed
+    rows first (eager or graph replay), and one with no live row (0) runs nothing."""
 
     steps = 0
 
-    def _run(self, state, owners):
-        self.steps += self.poll_every
-        return super()._run(state, owners)
+    def _rows_for_step(self, state):
+        rows = super()._rows_for_step(state)
+        if rows != 0:
+            self.steps += 1
+        return rows
 
 
 def prompts_for(batch: int, config: ModelConfig, seed: int) -> list[list[int]]:
@@ -227,14 +265,17 @@ def run_case(model: Model, case: Case, cuda_graph_ok: bool, profile_it: bool,
         runs[name] = {
             "max_new_tokens": max_new, "seconds": seconds, "steps": steps,
             "tokens": sum(len(r.token_ids) for r in results),
+            "rows": sum(r.rows for r in results),
             "tokens_per_forward": statistics.mean(r.tokens_per_forward for r in results),
         }
     short, long = runs["short"], runs["long"]
     step_ms = (long["seconds"] - short["seconds"]) / (long["steps"] - short["steps"]) * 1e3
     tokens_per_s = (long["tokens"] - short["tokens"]) / (long["seconds"] - short["seconds"])
+    rows_per_step = (long["rows"] - short["rows"]) / (long["steps"] - short["steps"])
     result = {
         **vars(case), "graphs": case.graphs and cuda_graph_ok, "runs": runs,
-        "step_ms": step_ms, "tokens_per_forward": long["tokens_per_forward"],
+        "step_ms": step_ms, "live_rows_per_step": rows_per_step,
+        "tokens_per_forward": long["tokens_per_forward"],
         "tokens_per_s": tokens_per_s, "breakdown_ms": None,
     }
     if profile_it:
@@ -264,21 +305,33 @@ def paged_attention_probe_us(device: torch.device) -> float:
 
 
 def summarise(cases: list[dict], floor_ms: float | None, graphs: bool) -> dict:
-    """The headline ratios (``graphs``: of the cases with CUDA graphs; CPU runs have none)."""
+    """The headline ratios (``graphs``: of the cases with CUDA graphs; CPU runs have none).
+    A ratio whose cases did not run (``--quick``, ``--batches``) is None."""
 
-    def step(mode, batch=1, graphs=graphs, logits="flat"):
+    def value(key, mode, batch=1, graphs=graphs, logits="flat"):
         for case in cases:
             if (case["mode"], case["batch"], case["graphs"], case["logits"]) == (
                     mode, batch, graphs, logits):
-                return case["step_ms"]
+                return case[key]
         return None
 
-    return {
+    def step(mode, batch=1, graphs=graphs, logits="flat"):
+        return value("step_ms", mode, batch, graphs, logits)
+
+    summary = {
         "ar_b1_step_over_floor": ratio(step("ar"), floor_ms),
         "streaming_b1_over_ar_b1": ratio(step("streaming"), step("ar")),
         "eager_over_graph_b1_streaming": ratio(step("streaming", graphs=False),
                                                step("streaming", graphs=True)),
     }
+    for batch in (16, 64):
+        summary[f"streaming_b{batch}_over_roofline"] = ratio(
+            step("streaming", batch), value("roofline_ms", "streaming", batch))
+    for batch in (1, 16, 64):
+        summary[f"streaming_over_ar_toks_peaked_b{batch}"] = ratio(
+            value("tokens_per_s", "streaming", batch, logits="peaked"),
+            value("tokens_per_s", "ar", batch, logits="peaked"))
+    return summary
 
 
 def write_markdown(report: dict, path: Path) -> None:
@@ -287,8 +340,9 @@ def write_markdown(report: dict, path: Path) -> None:
         breakdown = case["breakdown_ms"] or {}
         rows.append([
             case["mode"], str(case["batch"]), case["logits"], "on" if case["graphs"] else "off",
-            fmt(case["step_ms"], 2), fmt(case["tokens_per_forward"], 2),
-            fmt(case["tokens_per_s"], 0),
+            fmt(case["step_ms"], 2), fmt(case["live_rows_per_step"], 1),
+            fmt(case["roofline_ms"], 2), fmt(case["step_over_roofline"], 2),
+            fmt(case["tokens_per_forward"], 2), fmt(case["tokens_per_s"], 0),
             *(fmt(breakdown.get(k), 2) for k in (*CATEGORIES, "idle_host")),
         ])
     floor = report["weight_read_floor"]
@@ -298,10 +352,14 @@ def write_markdown(report: dict, path: Path) -> None:
         f"{report['device']['name']}, {report['date']}, `{report['command']}`",
         f"versions: {report['versions']}; model: {report['model']}",
         f"weight-read floor: {fmt(floor['bytes'] / 1e9, 2)} GB at "
-        f"{fmt(floor['copy_gb_per_s'], 0)} GB/s = {fmt(floor['ms'], 2)} ms",
+        f"{fmt(floor['copy_gb_per_s'], 0)} GB/s = {fmt(floor['ms'], 2)} ms; matmul "
+        f"{fmt(report['matmul']['tflop_per_s'], 1)} TFLOP/s ({report['matmul']['size']}^3, "
+        f"{report['matmul']['dtype']}), {fmt(report['non_embedding_parameters'] / 1e9, 2)} G "
+        f"non-embedding parameters",
         "",
         *markdown_table(
-            ["mode", "B", "logits", "graphs", "step ms", "tok/fwd", "tok/s", "GEMM ms",
+            ["mode", "B", "logits", "graphs", "step ms", "live rows", "roofline ms",
+             "x roofline", "tok/fwd", "tok/s", "GEMM ms",
              "attention ms", "WeDLM ops ms", "elementwise ms", "idle/host ms"], rows),
         "",
         "summary: " + ", ".join(f"`{k}` {fmt(v, 2)}" for k, v in report["summary"].items()),
@@ -316,14 +374,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--quick", action="store_true",
-                        help="B in {1, 16}, graphs off only at B=1, 2 repeats "
+                        help="B in {1, 16, 64}, graphs off only at B=1, 2 repeats "
                              "(bench/gpu_check.sh's budget)")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     return parser.parse_args(argv)
 
 
 def cases_for(args: argparse.Namespace) -> list[Case]:
-    batches = args.batches or ([1, 2] if args.cpu_smoke else [1, 16] if args.quick
+    batches = args.batches or ([1, 2] if args.cpu_smoke else [1, 16, 64] if args.quick
                                else [1, 4, 16, 64])
     cases = []
     for batch in batches:
@@ -348,15 +406,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     time_fn = ((lambda fn: time_cpu(fn, rep_ms=200)) if args.cpu_smoke
                else (lambda fn: time_eager_cuda(fn, warmup_ms=25, rep_ms=100)))
     copy = copy_bandwidth(device, 2**26 if args.cpu_smoke else 2**30, time_fn)
+    matmul = matmul_rate(device, dtype, 256 if args.cpu_smoke else 8192, time_fn)
     floor_bytes = weight_bytes(model)
     floor_ms = floor_bytes / (copy["gb_per_s"] * 1e9) * 1e3 if copy["gb_per_s"] else None
+    parameters = non_embedding_parameters(model)
     cases = []
     for case in cases_for(args):
         print(f"{case.mode} B={case.batch} {case.logits} graphs={case.graphs}", flush=True)
         with_logits(model, base_lm_head, case.logits)
         profile_it = device.type == "cuda" and case.graphs and case.logits == "flat"
-        cases.append(run_case(model, case, device.type == "cuda", profile_it,
-                              repeats=2 if args.quick else REPEATS))
+        result = run_case(model, case, device.type == "cuda", profile_it,
+                          repeats=2 if args.quick else REPEATS)
+        result["roofline_ms"] = roofline_ms(floor_ms, parameters, result["live_rows_per_step"],
+                                            matmul["tflop_per_s"])
+        result["step_over_roofline"] = ratio(result["step_ms"], result["roofline_ms"])
+        cases.append(result)
     report = {
         "benchmark": "decode_step", "date": utc_now(), "device": device_info(device),
         "versions": versions(), "command": command_line("bench.decode_step", argv),
@@ -365,6 +429,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                   "prompt_tokens": PROMPT_TOKENS, "threshold": THRESHOLD,
                   "penalty": PENALTY, "lm_head_scales": LOGITS},
         "copy": copy,
+        "matmul": matmul,
+        "non_embedding_parameters": parameters,
         "weight_read_floor": {"bytes": floor_bytes, "copy_gb_per_s": copy["gb_per_s"],
                               "ms": floor_ms},
         "cases": cases,

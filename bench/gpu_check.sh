@@ -17,6 +17,12 @@
 # imports need a module this Python lacks (hypothesis, transformers, ...) is skipped and
 # named in the log; if tests/conftest.py itself cannot be imported, no test runs.
 #
+# Selecting what runs (the whole list does not fit in one 8-minute run): SKIP_TESTS=1 runs
+# no test; BENCHES="bench.sweep ARGS;bench.paged_attention" replaces the benchmark list
+# (entries separated by ';'). The default list, by priority: the decode step, the window
+# sweeps of a Qwen3-8B-shaped random model (peaked, then flat logits; they check
+# model_min.auto_window), then the microbenchmarks.
+#
 # Wheels in $REPO/.whl/ (pure-Python packages the machine lacks, such as liger-kernel for
 # model_min's fused norms; `pip download --no-deps` them there) are installed into the
 # staging folder first and put on PYTHONPATH.
@@ -26,7 +32,14 @@ set -u -o pipefail
 # ---- what runs: edit here -------------------------------------------------------------
 # Benchmarks in order of priority (a module and its arguments; each also gets --out-dir DIR).
 # The decode-step benchmark comes first; those after it run while time is left.
-CUDA_BENCHES=("bench.decode_step --quick" bench.paged_attention bench.select_tokens bench.ops_window)
+SWEEP_8B="--batch-sizes 1 4 16 64 --windows 4 8 16 32 --thresholds 0.4 --modes streaming ar --max-new-tokens 32 --repeats 1 --cuda-graph --ignore-eos"
+CUDA_BENCHES=("bench.decode_step --quick"
+              "bench.sweep --model random:qwen3-8b-peaked $SWEEP_8B"
+              "bench.sweep --model random:qwen3-8b-flat $SWEEP_8B"
+              bench.paged_attention bench.select_tokens bench.ops_window)
+if [[ -n ${BENCHES-} ]]; then
+    IFS=';' read -r -a CUDA_BENCHES <<<"$BENCHES"
+fi
 TOTAL_BUDGET_S=440               # the whole script (8 minutes = 480 s)
 TEST_BUDGET_S=200                # all cuda test files together, import probe included
 TEST_FILE_LIMIT_S=150            # one test file
@@ -41,7 +54,7 @@ DRY_RUN=0
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY_RUN=1 ;;
-        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (use --dry-run or --help)" >&2; exit 2 ;;
     esac
 done
@@ -162,6 +175,10 @@ RESULTS=$STAGE/bench/results/$SLUG
 
 # ---- cuda-marked tests ------------------------------------------------------------------
 mapfile -t CUDA_FILES < <(grep -l -E 'mark\.cuda' tests/test_*.py 2>/dev/null | sort)
+if [[ ${SKIP_TESTS-0} == 1 ]]; then
+    echo "=== SKIP_TESTS=1: no test runs"
+    CUDA_FILES=()
+fi
 echo "=== test files with cuda-marked tests: ${CUDA_FILES[*]:-none}"
 
 cat >"$STAGE/import_probe.py" <<'PY'

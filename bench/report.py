@@ -449,6 +449,17 @@ def sweep_body(data: dict, plot_link: str | None) -> list[str]:
         lines += ["Points whose tokens differed between runs: " + "; ".join(
             f"{c['mode']} B={c['batch']} W={c.get('window')} threshold={c.get('threshold')}"
             for c in unequal) + ".", ""]
+    policy = data.get("window_policy") or []
+    if policy:
+        rows = [[str(r["mode"]), num(r["batch"]), num(r["threshold"]), num(r["penalty"]),
+                 num(r["best_window"]), fmt(r["best_tokens_per_second"], 1),
+                 num(r["auto_window"]), fmt(r["auto_tokens_per_second"], 1),
+                 times(r["auto_over_best"])] for r in policy]
+        lines += [f"Window policy (`model_min.auto_window`) against the best swept window "
+                  f"({kind}):", "",
+                  *markdown_table(["mode", "B", "threshold", "penalty", "best W",
+                                   "best tok/s", "auto W", "auto tok/s", "auto / best"],
+                                  [[cell(v) for v in row] for row in rows]), ""]
     if plot_link:
         lines += [f"![tokens per forward and p_cache per mode and threshold ({kind})]"
                   f"({plot_link})", ""]

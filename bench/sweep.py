@@ -1,6 +1,6 @@
 """Throughput and parallelism sweep of ``model_min.Generator`` on any checkpoint.
 
-    python -m bench.sweep [--model model_min/tiny_wedlm] [--out-dir DIR] [--quick]
+    python -m bench.sweep [--model model_min/tiny_wedlm | random:SHAPE-LOGITS] [--out-dir DIR] [--quick]
         [--batch-sizes 1 8 16] [--windows 8 16] [--thresholds 0.1 0.4 1.0]
         [--penalties 0.02] [--modes streaming blockwise ar] [--max-new-tokens 32]
         [--prompts FILE] [--repeats 3] [--device auto|cpu|cuda] [--threads 1]
@@ -22,6 +22,17 @@ batch sizes 1 and 4, window 8, thresholds 0.4 and none, 16 new tokens and one ti
 ``sweep_<model>.svg`` in ``--out-dir`` (default ``bench/results/<device-slug>/``). On CPU
 every figure is labelled a CPU measurement. ``python -m bench.report`` then folds the JSON
 into ``bench/REPORT.md``.
+
+``--model random:SHAPE-LOGITS`` decodes a model built on the device with random weights
+instead of a checkpoint: SHAPE ``qwen3-8b`` (the sizes of Qwen3-8B, bf16 on CUDA) or ``tiny``,
+LOGITS ``flat`` (about one token per forward) or ``peaked`` (whole windows), the two
+lm_head scales of ``bench/decode_step.py``; prompts are 64 random sequences of 128 tokens.
+
+Window policy check: for every windowed mode, threshold, penalty and batch size, the JSON's
+``window_policy`` lists the window with the most tokens per second among those swept and
+the one ``model_min.auto_window`` picks for that batch; the ``"summary"`` holds the lowest
+ratio of the policy's tokens per second to the best one
+(``auto_window_over_best_toks_min``; None when the policy's window was not swept).
 """
 
 import argparse
@@ -39,9 +50,9 @@ from pathlib import Path
 
 import torch
 
-from bench import common
+from bench import common, decode_step
 from bench.report import sweep_markdown, sweep_svg
-from model_min import Generator, SamplingParams, load_model, load_tokenizer
+from model_min import Generator, SamplingParams, auto_window, load_model, load_tokenizer
 from model_min.generator import parse_threshold
 from model_min.loader import checkpoint_files
 
@@ -149,6 +160,29 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+RANDOM_PREFIX = "random:"
+RANDOM_SHAPES = {"qwen3-8b": decode_step.QWEN3_8B, "tiny": decode_step.TINY}
+RANDOM_PROMPTS = 64
+
+
+def random_spec(spec: str) -> tuple[str, str]:
+    """``"random:qwen3-8b-flat"`` -> ``("qwen3-8b", "flat")``; ValueError naming the choices."""
+    shape, _, logits = spec.removeprefix(RANDOM_PREFIX).rpartition("-")
+    if shape not in RANDOM_SHAPES or logits not in decode_step.LOGITS:
+        raise ValueError(f"--model {spec!r}: expected random:SHAPE-LOGITS with SHAPE in "
+                         f"{sorted(RANDOM_SHAPES)} and LOGITS in {sorted(decode_step.LOGITS)}")
+    return shape, logits
+
+
+def random_model(spec: str, device: torch.device, dtype: torch.dtype | None):
+    shape, logits = random_spec(spec)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = decode_step.random_model(RANDOM_SHAPES[shape], device, dtype)
+    decode_step.with_logits(model, model.lm_head, logits)
+    return model
+
+
 def load_prompts(path: Path | None) -> list[str]:
     if path is None:
         return list(BUILTIN_PROMPTS)
@@ -175,11 +209,27 @@ def cycled(items: list, count: int) -> list:
 
 
 def model_name(path: str) -> str:
+    if path.startswith(RANDOM_PREFIX):
+        return "random-" + "-".join(random_spec(path))
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(path).resolve().name) or "model"
 
 
 def describe_model(path: str, model) -> dict:
     c = model.config
+    if path.startswith(RANDOM_PREFIX):
+        shape, logits = random_spec(path)
+        return {
+            "path": path, "name": model_name(path), "model_type": c.model_type,
+            "shape": shape, "weights": "random (bench.decode_step.random_model, seed 0)",
+            "logits": logits, "lm_head_scale": decode_step.LOGITS[logits],
+            "hidden_size": c.hidden_size, "num_layers": c.num_layers,
+            "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size, "mask_token_id": c.mask_token_id,
+            "eos_token_ids": list(c.eos_token_ids),
+            "dtype": str(model.dtype).replace("torch.", ""), "checkpoint_bytes": None,
+            "checkpoint_sha256": None, "training": None,
+        }
     config_file = json.loads((Path(path) / "config.json").read_text())
     files = checkpoint_files(Path(path))
     size = sum(f.stat().st_size for f in files)
@@ -306,6 +356,28 @@ def add_speedups(cases: list[dict]) -> None:
         case["speedup_over_ar"] = common.ratio(case["tokens_per_second"], baseline)
 
 
+def window_policy(cases: list[dict]) -> list[dict]:
+    """Per windowed mode, threshold, penalty and batch size: the swept window with the most
+    tokens per second, and the window auto_window picks for that batch size."""
+    groups: dict[tuple, list[dict]] = {}
+    for case in cases:
+        if case["mode"] != "ar":
+            key = (case["mode"], case["threshold"], case["penalty"], case["batch"])
+            groups.setdefault(key, []).append(case)
+    rows = []
+    for (mode, threshold, penalty, batch), group in groups.items():
+        rates = {c["window"]: c["tokens_per_second"] for c in group}
+        best = max(rates, key=lambda w: rates[w] or 0.0)
+        chosen = auto_window(batch)
+        rows.append({
+            "mode": mode, "threshold": threshold, "penalty": penalty, "batch": batch,
+            "best_window": best, "best_tokens_per_second": rates[best],
+            "auto_window": chosen, "auto_tokens_per_second": rates.get(chosen),
+            "auto_over_best": common.ratio(rates.get(chosen), rates[best]),
+        })
+    return rows
+
+
 def pick_device(choice: str) -> torch.device:
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -330,11 +402,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    model = load_model(args.model, device, None if args.dtype == "auto" else DTYPES[args.dtype])
-    tokenizer = load_tokenizer(args.model)
-    prompts = load_prompts(args.prompts)
-    runner = Runner(model, tokenizer, encode_prompts(prompts, tokenizer,
-                                                     model.config.vocab_size), args)
+    dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
+    if args.model.startswith(RANDOM_PREFIX):
+        model, tokenizer = random_model(args.model, device, dtype), None
+        prompt_ids = decode_step.prompts_for(RANDOM_PROMPTS, model.config, seed=0)
+        prompts = [f"{RANDOM_PROMPTS} random prompts of {len(prompt_ids[0])} tokens (seed 0)"]
+    else:
+        model = load_model(args.model, device, dtype)
+        tokenizer = load_tokenizer(args.model)
+        prompts = load_prompts(args.prompts)
+        prompt_ids = encode_prompts(prompts, tokenizer, model.config.vocab_size)
+    runner = Runner(model, tokenizer, prompt_ids, args)
     slug = "cpu" if device.type == "cpu" else common.slugify(torch.cuda.get_device_name(device))
     out_dir = args.out_dir or common.RESULTS_ROOT / slug
     json_path = out_dir / f"sweep_{model_name(args.model)}.json"
@@ -350,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
               f"{common.fmt(case['p_cache'], 3)}, "
               f"{common.fmt(case['tokens_per_second'], 1)} tok/s", flush=True)
     add_speedups(cases)
+    policy = window_policy(cases)
+    ratios = [row["auto_over_best"] for row in policy]
 
     report = {
         "benchmark": "bench.sweep",
@@ -372,6 +452,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         },
         "methods": METHODS,
         "cases": cases,
+        "window_policy": policy,
+        "summary": {"auto_window_over_best_toks_min":
+                    None if not ratios or None in ratios else min(ratios)},
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     write_outputs(report, json_path)

@@ -14,7 +14,7 @@ or from Python::
 
 from .cache import CacheFullError, KVCache
 from .config import ModelConfig, config_from_dict, load_config
-from .generator import Generator, Result, SamplingParams
+from .generator import Generator, Result, SamplingParams, auto_window
 from .loader import CheckpointError, load_model
 from .model import Model
 from .tokenizer import Tokenizer, chat_prompt, load_tokenizer
@@ -29,6 +29,7 @@ __all__ = [
     "Result",
     "SamplingParams",
     "Tokenizer",
+    "auto_window",
     "chat_prompt",
     "config_from_dict",
     "load_config",

@@ -31,6 +31,29 @@ from .state import BatchState, concat
 from .tokenizer import Tokenizer
 
 MODES = ("streaming", "blockwise", "ar")
+
+# window="auto": a forward costs about one read of the weights until its matmuls take longer
+# than that read, and grows with its rows from there. For a bf16 model (2 bytes and 2 FLOPs
+# per weight and row) the crossing is at (matmul FLOP/s) / (copy bytes/s) rows: an H200
+# measured 707 TFLOP/s of bf16 matmul and 4.2 TB/s of copy, ~170 rows. Free text commits
+# about one token per forward, so a window step feeds about W + 1 rows per sequence; the
+# policy keeps B * (W + 1) under this many rows, with the largest window that does.
+MEMORY_BOUND_ROWS = 160
+AUTO_WINDOWS = (16, 8, 4)  # largest first; the smallest is used above the bound too
+
+
+def auto_window(batch: int, memory_bound_rows: int = MEMORY_BOUND_ROWS) -> int:
+    """The window ``Generator(window="auto")`` decodes a batch of ``batch`` sequences with:
+    the largest of :data:`AUTO_WINDOWS` (16, 8, 4) with ``batch * (W + 1) <=
+    memory_bound_rows``, else the smallest (4). With the default bound: W = 16 up to 9
+    sequences, 8 up to 17, 4 above. Derived from the roofline of a forward (see
+    :data:`MEMORY_BOUND_ROWS`), not yet from a GPU sweep; docs/contracts.md."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    for window in AUTO_WINDOWS:
+        if batch * (window + 1) <= memory_bound_rows:
+            return window
+    return AUTO_WINDOWS[-1]
 Prompt = Union[str, Sequence[int]]
 
 
@@ -117,7 +140,11 @@ class Generator:
 
     Args:
         model: from ``model_min.load_model``.
-        window: window size ``W`` (slot capacity ``2W``).
+        window: window size ``W`` (slot capacity ``2W``), or ``"auto"``: each
+            ``generate`` call picks ``auto_window(min(requests, max_batch))`` (16 for few
+            sequences, down to 4 for many; :func:`auto_window`) and leaves it in
+            ``self.window``. The window changes which tokens are committed together, so
+            with "auto" a request's tokens depend on the size of its batch.
         page_size: KV cache page size in positions.
         max_batch: most requests decoded at once; more wait for a free row.
         tokenizer: optional, for text prompts and ``Result.text``.
@@ -135,7 +162,7 @@ class Generator:
     def __init__(
         self,
         model: Model,
-        window: int = 16,
+        window: int | str = 16,
         page_size: int = 16,
         max_batch: int = 8,
         tokenizer: Tokenizer | None = None,
@@ -146,10 +173,14 @@ class Generator:
         poll_every: int = 4,
         cuda_graph: bool = False,
     ) -> None:
+        self.auto_window = window == "auto"
+        if self.auto_window:
+            window = AUTO_WINDOWS[0]  # until a generate call picks one
         for name, value in (("window", window), ("page_size", page_size),
                             ("max_batch", max_batch), ("poll_every", poll_every)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                kind = 'a positive int or "auto"' if name == "window" else "a positive int"
+                raise ValueError(f"{name} must be {kind}, got {value!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs a model on a CUDA device")
         self.model = model
@@ -206,6 +237,9 @@ class Generator:
         if mode != "ar" and not 0 <= self.mask_token_id < vocab:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
                              f"[0, {vocab})")
+        prompts = self._prompt_list(prompts)
+        if self.auto_window:
+            self.window = auto_window(max(1, min(len(prompts), self.max_batch)))
         requests = self._requests(prompts, params, mode)
         if not requests:
             return []
@@ -226,13 +260,17 @@ class Generator:
 
     # ---------------------------------------------------------------- request handling
 
-    def _requests(self, prompts, params, mode: str) -> list[_Request]:
+    @staticmethod
+    def _prompt_list(prompts) -> list[Prompt]:
+        """A single prompt (a string or a list of token ids) as a list of one."""
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and len(prompts) > 0
             and all(isinstance(t, int) for t in prompts)
         ):
             prompts = [prompts]
-        prompts = list(prompts)
+        return list(prompts)
+
+    def _requests(self, prompts: list[Prompt], params, mode: str) -> list[_Request]:
         if params is None:
             params = SamplingParams()
         if isinstance(params, SamplingParams):

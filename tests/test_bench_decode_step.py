@@ -30,7 +30,53 @@ def test_cpu_smoke_writes_every_case_and_the_summary(tmp_path):
     assert cases[("streaming", "peaked")]["tokens_per_forward"] > 8
     summary = report["summary"]
     assert summary["ar_b1_step_over_floor"] > 0 and summary["streaming_b1_over_ar_b1"] > 0
+    assert summary["streaming_over_ar_toks_peaked_b1"] > 0
+    for name in ("streaming_b16_over_roofline", "streaming_b64_over_roofline",
+                 "streaming_over_ar_toks_peaked_b16", "streaming_over_ar_toks_peaked_b64"):
+        assert summary[name] is None  # those batches did not run
+    # live rows per step: one per sequence in AR, W + p (p: the last committed run) of the
+    # 2W slots in streaming, about W + 1 with flat logits
+    assert cases[("ar", "flat")]["live_rows_per_step"] == 1.0
+    window = decode_step.WINDOW
+    assert window - 2 <= cases[("streaming", "flat")]["live_rows_per_step"] <= window + 1
+    assert window + 1 < cases[("streaming", "peaked")]["live_rows_per_step"] <= 2 * window
+    for case in cases.values():
+        assert case["roofline_ms"] >= report["weight_read_floor"]["ms"]
+        assert case["step_over_roofline"] == case["step_ms"] / case["roofline_ms"]
+    assert report["matmul"]["tflop_per_s"] > 0
     assert "CPU measurement" in (tmp_path / "decode_step.md").read_text()
+
+
+def test_roofline_is_the_weight_read_or_the_matmul_bound_whichever_is_longer():
+    # 1 G parameters, 100 TFLOP/s: 2e9 FLOPs per row = 0.02 ms per row
+    assert decode_step.roofline_ms(1.0, 10**9, 10, 100.0) == 1.0  # 0.2 ms of matmul
+    assert abs(decode_step.roofline_ms(1.0, 10**9, 200, 100.0) - 4.0) < 1e-12
+    assert decode_step.roofline_ms(None, 10**9, 200, 100.0) is None
+    model = decode_step.random_model(decode_step.TINY, torch.device("cpu"), torch.float32)
+    assert decode_step.non_embedding_parameters(model) * 4 == decode_step.weight_bytes(model)
+
+
+def test_summary_takes_each_ratio_from_its_own_cases():
+    def case(mode, batch, logits, step_ms, tokens_per_s, roofline_ms=None, graphs=True):
+        return {"mode": mode, "batch": batch, "logits": logits, "graphs": graphs,
+                "step_ms": step_ms, "tokens_per_s": tokens_per_s, "roofline_ms": roofline_ms}
+
+    cases = [
+        case("ar", 1, "flat", 8.0, 125.0), case("streaming", 1, "flat", 10.0, 100.0),
+        case("streaming", 1, "flat", 30.0, 33.0, graphs=False),
+        case("streaming", 16, "flat", 20.0, 800.0, roofline_ms=16.0),
+        case("streaming", 64, "flat", 60.0, 1000.0, roofline_ms=40.0),
+        case("ar", 16, "peaked", 9.0, 1800.0), case("streaming", 16, "peaked", 40.0, 5400.0),
+    ]
+    summary = decode_step.summarise(cases, floor_ms=4.0, graphs=True)
+    assert summary["ar_b1_step_over_floor"] == 2.0
+    assert summary["streaming_b1_over_ar_b1"] == 1.25
+    assert summary["eager_over_graph_b1_streaming"] == 3.0
+    assert summary["streaming_b16_over_roofline"] == 1.25
+    assert summary["streaming_b64_over_roofline"] == 1.5
+    assert summary["streaming_over_ar_toks_peaked_b16"] == 3.0
+    assert summary["streaming_over_ar_toks_peaked_b1"] is None
+    assert summary["streaming_over_ar_toks_peaked_b64"] is None
 
 
 def test_weight_read_floor_counts_every_weight_but_the_embedding():

@@ -90,6 +90,36 @@ def test_speedup_is_the_tokens_per_second_ratio_to_ar_at_the_same_batch(sweep):
             case["tokens_per_second"] / ar[case["batch"]]["tokens_per_second"])
 
 
+def test_window_policy_rows_name_the_best_swept_window_and_the_auto_choice(tmp_path):
+    """A random tiny model with flat logits over three windows and two batch sizes: each
+    (mode, threshold, penalty, batch) group lists its fastest window and auto_window's."""
+    from model_min import auto_window
+
+    report = sweep_main(["--model", "random:tiny-flat", "--batch-sizes", "1", "12",
+                         "--windows", "4", "8", "16", "--thresholds", "0.4", "--modes",
+                         "streaming", "ar", "--max-new-tokens", "6", "--repeats", "1",
+                         "--ignore-eos", "--out-dir", str(tmp_path)])
+    assert report["model"]["weights"].startswith("random") and report["model"]["logits"] == "flat"
+    policy = report["window_policy"]
+    assert [(row["mode"], row["batch"]) for row in policy] == [("streaming", 1),
+                                                                ("streaming", 12)]
+    for row in policy:
+        rates = {c["window"]: c["tokens_per_second"] for c in report["cases"]
+                 if c["mode"] == "streaming" and c["batch"] == row["batch"]}
+        assert row["best_tokens_per_second"] == max(rates.values())
+        assert rates[row["best_window"]] == max(rates.values())
+        assert row["auto_window"] == auto_window(row["batch"])
+        assert row["auto_over_best"] == rates[row["auto_window"]] / max(rates.values())
+    assert report["summary"]["auto_window_over_best_toks_min"] == min(
+        row["auto_over_best"] for row in policy)
+    assert "Window policy" in (tmp_path / "sweep_random-tiny-flat.md").read_text()
+
+
+def test_random_model_names_are_checked():
+    with pytest.raises(ValueError, match="random:SHAPE-LOGITS"):
+        sweep_main(["--model", "random:qwen3-9b-flat", "--quick"])
+
+
 def test_sweep_plot_is_well_formed_svg_with_one_series_per_mode(sweep):
     report, path = sweep
     root = ElementTree.parse(path.with_suffix(".svg")).getroot()

@@ -450,3 +450,48 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
         if mode == "streaming":  # and several row buckets
             assert max(len(graphs) for _, graphs in generator.graphs.batches.values()) >= 2
         assert len(generator.cache.free_pages) == generator.cache.num_pages
+
+
+def test_auto_window_keeps_batch_times_window_plus_one_rows_under_the_memory_bound():
+    from model_min import auto_window
+    from model_min.generator import AUTO_WINDOWS, MEMORY_BOUND_ROWS
+
+    chosen = {batch: auto_window(batch) for batch in range(1, 300)}
+    assert chosen[1] == chosen[9] == 16 and chosen[10] == chosen[17] == 8
+    assert chosen[18] == chosen[64] == chosen[299] == 4
+    for batch, window in chosen.items():
+        larger = [w for w in AUTO_WINDOWS if w > window]
+        assert batch * (window + 1) <= MEMORY_BOUND_ROWS or window == AUTO_WINDOWS[-1]
+        assert all(batch * (w + 1) > MEMORY_BOUND_ROWS for w in larger)  # the largest fitting
+    assert auto_window(40, memory_bound_rows=400) == 8
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="batch"):
+            auto_window(bad)
+
+
+def test_window_auto_decodes_each_call_with_the_window_of_its_batch(tiny):
+    """Generator(window="auto") picks W per generate call from min(requests, max_batch) and
+    then decodes exactly as a Generator with that W (tokens equal the reference decoder)."""
+    hf, model = tiny
+    prompts = [[(5 * i + j) % 250 + 1 for j in range(2 + i % 3)] for i in range(12)]
+    params = SamplingParams(max_new_tokens=5, threshold=2.8, seed=3)
+    generator = Generator(model, window="auto", page_size=4, max_batch=12)
+    assert generator.window == 16  # before any call
+    for count, window in ((1, 16), (12, 8)):
+        results = generator.generate(prompts[:count], params)
+        assert generator.window == window
+        explicit = Generator(model, window=window, page_size=4, max_batch=12)
+        assert ([r.token_ids for r in results]
+                == [r.token_ids for r in explicit.generate(prompts[:count], params)])
+    assert_matches_reference(hf, prompts[:2], [params] * 2,
+                             generator.generate(prompts[:2], params), "streaming", 16)
+    single = Generator(model, window="auto", page_size=4, max_batch=12)
+    single.generate(prompts[0], params)  # one prompt passed alone
+    assert single.window == 16
+
+
+@pytest.mark.parametrize("window", ["big", 0, -2, 1.5, True, None])
+def test_window_must_be_a_positive_int_or_auto(tiny, window):
+    _, model = tiny
+    with pytest.raises(ValueError, match='window must be a positive int or "auto"'):
+        Generator(model, window=window)

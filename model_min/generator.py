@@ -1,15 +1,17 @@
 """Batched WeDLM decoding on the public ops (docs/algorithm.md section 4, docs/contracts.md
 "Decoding loop around the ops").
 
-A streaming / block-wise decode step is, for the whole batch at once and without any host
-synchronisation::
+A streaming / block-wise decode step is, for the whole batch at once::
 
     reorder_window -> model forward (rope_kv_append + paged_attention per layer)
       -> lm_head on the mask rows only -> select_tokens -> commit_window
 
-The host looks at the batch only every ``poll_every`` steps: it reads ``finished``, hands
-back finished requests (and their cache pages), compacts the batch so they stop costing
-compute, and admits waiting requests (prefill fills their cache and computes no logits).
+on the live rows of the windows only, packed back to back: before each window step the host
+reads back one number, the live-row count, which sizes the packed rows (with CUDA graphs,
+rounded up to a row bucket); nothing inside the step synchronises with the host. Every
+``poll_every`` steps the host also reads ``finished``, hands back finished requests (and
+their cache pages), compacts the batch so they stop costing compute, and admits waiting
+requests (prefill fills their cache and computes no logits).
 AR mode is the same loop with one token per forward: the prefill's last row predicts the
 first token, then each forward feeds the last token.
 """

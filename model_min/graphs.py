@@ -7,7 +7,9 @@ rows of its windows, packed: their number is read back before each step and roun
 row bucket (``generator.row_bucket``), and each (batch shape, row bucket) has its own graph.
 All graphs of one batch shape share one static copy of the batch state: the host copies the
 live state in before the first replay, and reads (and compacts) the static state after the
-last. Padding rows are finished sequences with an empty window, which no op touches.
+last. Padding rows are finished sequences with an empty window and no pages: a window step
+feeds none of their rows; an AR step feeds one row each, which writes no K/V (its attention
+output is NaN, having no page) and whose token is discarded.
 """
 
 from collections.abc import Callable

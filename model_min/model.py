@@ -156,9 +156,9 @@ class Model:
         input_ids = torch.tensor([t for prompt in prompts for t in prompt], dtype=torch.int64,
                                  device=device)
         query_start = torch.tensor(starts, dtype=torch.int32, device=device)
-        sequence = torch.repeat_interleave(
+        sequence = torch.repeat_interleave(  # output_size: no device-to-host read
             torch.arange(len(prompts), device=device),
-            torch.tensor(lengths, device=device))
+            torch.tensor(lengths, device=device), output_size=starts[-1])
         positions = torch.arange(starts[-1], device=device) - query_start[sequence].long()
         slot_mapping = slot_mapping_for(block_table[sequence], positions[:, None],
                                         torch.ones_like(positions[:, None], dtype=torch.bool),

@@ -12,7 +12,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-# Value of every field in a padding row: an empty, finished sequence that no op touches.
+# Value of every field in a padding row: an empty, finished sequence without pages (a window
+# step feeds none of its rows; an AR step feeds one whose K/V write is dropped and whose
+# token is discarded).
 _PADDING = {
     "win_tokens": 0,  # replaced by mask_id in padded()
     "win_mask": True,

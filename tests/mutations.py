@@ -300,6 +300,13 @@ MUTATIONS: list[Mutation] = [
         keyword="more_sequences_than_one_count_block",
     ),
     Mutation(
+        "attention-kernel-full-tile-inf-kept", ATTENTION,
+        (("    acc = tl.where((acc == acc) & (tl.abs(acc) < float(\"inf\")), acc, float(\"nan\"))\n",
+          ""),),
+        ATTENTION_KERNEL_TESTS, "a visible inf in V in a full key tile gives inf instead of NaN",
+        keyword="visible_non_finite_value",
+    ),
+    Mutation(
         "attention-kernel-page-tile-misapplied", ATTENTION,
         (("PAGE_TILE=page_size % block_n == 0", "PAGE_TILE=block_n % page_size == 0"),),
         ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",

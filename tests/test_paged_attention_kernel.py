@@ -423,6 +423,32 @@ def test_an_empty_page_table_makes_every_live_row_nan():
     assert out[0, :2].isnan().all() and (out[0, 2] == 0).all() and out[1].isnan().all()
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_a_visible_non_finite_value_makes_its_column_nan_in_full_and_diagonal_tiles(
+        num_splits):
+    """ctx 40, 5 rows, key tiles of 16: keys 0..31 are in full tiles (every row sees them),
+    32..44 in the diagonal tile. +inf at key 5 (column 3), -inf at key 20 (column 7), NaN at
+    key 35 (column 9): every row sees them, so those columns are NaN in every row; +inf at
+    key 42 (column 11) is seen by rows 2..4 only. Nothing else is non-finite."""
+    g = torch.Generator().manual_seed(17)
+    q = torch.randn(1, 5, 2, 16, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(3, 16, 1, 16, torch.float32, g)
+    table = [[2, 0, 1]]
+    for key, column, value in ((5, 3, math.inf), (20, 7, -math.inf), (35, 9, math.nan),
+                               (42, 11, math.inf)):
+        v_cache[table[0][key // 16], key % 16, 0, column] = value
+    args = (q, k_cache, v_cache, _table(table), _lengths([40]), _lengths([5]), 0.3)
+    out = _run_kernel(args, num_splits=num_splits, block_m=16, block_n=16)
+    expected_nan = torch.zeros(5, 2, 16, dtype=torch.bool)
+    expected_nan[:, :, [3, 7, 9]] = True
+    expected_nan[2:, :, 11] = True
+    assert torch.equal(out[0].isnan().cpu(), expected_nan)
+    assert out[0][~expected_nan.to(out.device)].isfinite().all()
+    torch_out = pytorch(*_cpu(args))[0]
+    assert torch.equal(torch_out.isnan(), expected_nan)
+    _assert_close(out, pytorch(*_cpu(args)), torch.float32)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits):
     # Every cache entry a row does not see holds NaN/inf: the unused parts of the pages, the

@@ -282,7 +282,8 @@ def paged_attention_fake(
 #   values are zeroed for the P @ V product and put back as NaN only into the output
 #   elements of the rows that see them (row j sees a non-finite value in column d iff the
 #   first key holding one there is <= ctx + j). In the full loop every loaded key is
-#   visible to every row.
+#   visible to every row; a non-finite V value there leaves its column of acc non-finite,
+#   and every non-finite element of acc becomes NaN after the loops.
 # - padding rows are zero; a row with ctx + j < 0 (no visible key) or
 #   ctx + j >= P * page_size (a needed position beyond the page table) is NaN.
 # - positions are int32: the public function requires P * page_size + N <= 2^31 - 2^16, so
@@ -494,6 +495,9 @@ def _paged_attention_kernel(
         m_i = m_new
 
     row_nan = uncovered > 0
+    # the full loop multiplies V as loaded: a visible +-inf there leaves inf (or NaN) in its
+    # column of acc, which the contract makes NaN like the diagonal loop's
+    acc = tl.where((acc == acc) & (tl.abs(acc) < float("inf")), acc, float("nan"))
     normalised = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l = 0: no key in range
     pair_mask = row_live[:, None] & d_mask[None, :]
     if num_splits == 1:

@@ -145,12 +145,18 @@ def with_logits(model: Model, base_lm_head: torch.Tensor, kind: str) -> None:
     model.lm_head = base_lm_head * LOGITS[kind]
 
 
-def non_embedding_parameters(model: Model) -> int:
-    """Parameters a forward multiplies with: every layer's, the final norm's and lm_head's."""
+def forward_weights(model: Model) -> list[torch.Tensor]:
+    """The weights a forward reads in full: every layer's, the final norm and lm_head (the
+    embedding is gathered row by row, not read)."""
     tensors = [model.final_norm, model.lm_head]
     for layer in model.layers:
         tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    return sum(t.numel() for t in tensors)
+    return tensors
+
+
+def non_embedding_parameters(model: Model) -> int:
+    """Parameters a forward multiplies with: every layer's, the final norm's and lm_head's."""
+    return sum(t.numel() for t in forward_weights(model))
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, time_fn) -> dict:
@@ -174,12 +180,8 @@ def roofline_ms(floor_ms: float | None, parameters: int, rows_per_step: float | 
 
 
 def weight_bytes(model: Model) -> int:
-    """Bytes a forward reads: every layer's weights, the final norm and lm_head (the
-    embedding is gathered row by row, not read)."""
-    tensors = [model.final_norm, model.lm_head]
-    for layer in model.layers:
-        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes a forward reads: :func:`forward_weights`."""
+    return sum(t.numel() * t.element_size() for t in forward_weights(model))
 
 
 class CountingGenerator(Generator):

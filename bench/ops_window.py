@@ -405,16 +405,14 @@ def commit_inputs(sizes: Sizes, batch: int, seed: int, reorder_torch: Callable) 
     state = window_state(sizes, batch, generator)
     block_table = block_table_for(sizes, batch, 16, generator)
     live = live_slots(state)
-    _, _, _, order, query_start, n_filled = reorder_torch(
+    _, positions, _, _, query_start, n_filled = reorder_torch(
         state["win_tokens"], state["win_mask"], state["win_len"], state["ctx_len"],
         block_table, 16, live)
     mask_row = (query_start[:-1] + n_filled)[:, None].long() + torch.arange(window)
     is_mask_row = mask_row < query_start[1:, None]
-    row_pos = torch.where(
-        is_mask_row,
-        state["ctx_len"][:, None].long() + order[mask_row.clamp(max=max(live - 1, 0))].long(),
-        -1,
-    ).reshape(-1)
+    # a mask row predicts its logical position ctx_len + order, its RoPE position
+    row_pos = torch.where(is_mask_row, positions[mask_row.clamp(max=max(live - 1, 0))],
+                          -1).reshape(-1)
     rows = batch * window
     state.update(
         out_tokens=torch.randint(0, vocab - 1, (batch, sizes.output_capacity),

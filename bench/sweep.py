@@ -216,20 +216,20 @@ def model_name(path: str) -> str:
 
 def describe_model(path: str, model) -> dict:
     c = model.config
+    description = {
+        "path": path, "name": model_name(path), "model_type": c.model_type,
+        "hidden_size": c.hidden_size, "num_layers": c.num_layers, "num_heads": c.num_heads,
+        "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
+        "mask_token_id": c.mask_token_id, "eos_token_ids": list(c.eos_token_ids),
+        "dtype": str(model.dtype).replace("torch.", ""),
+    }
     if path.startswith(RANDOM_PREFIX):
         shape, logits = random_spec(path)
-        return {
-            "path": path, "name": model_name(path), "model_type": c.model_type,
-            "shape": shape, "weights": "random (bench.decode_step.random_model, seed 0)",
-            "logits": logits, "lm_head_scale": decode_step.LOGITS[logits],
-            "hidden_size": c.hidden_size, "num_layers": c.num_layers,
-            "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads,
-            "head_dim": c.head_dim, "intermediate_size": c.intermediate_size,
-            "vocab_size": c.vocab_size, "mask_token_id": c.mask_token_id,
-            "eos_token_ids": list(c.eos_token_ids),
-            "dtype": str(model.dtype).replace("torch.", ""), "checkpoint_bytes": None,
-            "checkpoint_sha256": None, "training": None,
-        }
+        return {**description, "shape": shape,
+                "weights": "random (bench.decode_step.random_model, seed 0)",
+                "logits": logits, "lm_head_scale": decode_step.LOGITS[logits],
+                "checkpoint_bytes": None, "checkpoint_sha256": None, "training": None}
     config_file = json.loads((Path(path) / "config.json").read_text())
     files = checkpoint_files(Path(path))
     size = sum(f.stat().st_size for f in files)
@@ -239,15 +239,8 @@ def describe_model(path: str, model) -> dict:
         for file in files:
             hasher.update(file.read_bytes())
         digest = hasher.hexdigest()
-    return {
-        "path": path, "name": model_name(path), "model_type": c.model_type,
-        "hidden_size": c.hidden_size, "num_layers": c.num_layers, "num_heads": c.num_heads,
-        "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
-        "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
-        "mask_token_id": c.mask_token_id, "eos_token_ids": list(c.eos_token_ids),
-        "dtype": str(model.dtype).replace("torch.", ""), "checkpoint_bytes": size,
-        "checkpoint_sha256": digest, "training": config_file.get("training"),
-    }
+    return {**description, "checkpoint_bytes": size, "checkpoint_sha256": digest,
+            "training": config_file.get("training")}
 
 
 def machine(device: torch.device) -> dict:

@@ -499,7 +499,7 @@ class Generator:
         batch = s.size
         if num_rows == 0:  # every window is empty: no sequence is live
             return
-        input_ids, positions, slot_mapping, order, query_start, n_filled = wk.reorder_window(
+        input_ids, positions, slot_mapping, _, query_start, n_filled = wk.reorder_window(
             s.win_tokens, s.win_mask, s.win_len, s.ctx_len, s.block_table, self.page_size,
             num_rows,
         )
@@ -515,11 +515,8 @@ class Generator:
         is_mask_row = mask_row < query_start[1:, None]
         mask_row = mask_row.clamp(max=num_rows - 1).reshape(-1)
         logits = model.logits(hidden.index_select(0, mask_row))
-        row_pos = torch.where(
-            is_mask_row.reshape(-1),
-            s.ctx_len.repeat_interleave(window).long() + order.index_select(0, mask_row).long(),
-            -1,
-        )
+        # a mask row predicts its logical position ctx_len + order, its RoPE position
+        row_pos = torch.where(is_mask_row.reshape(-1), positions.index_select(0, mask_row), -1)
         cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
                                device=self._device)
         token, selected, _ = wk.select_tokens(

@@ -156,10 +156,11 @@ class Model:
         input_ids = torch.tensor([t for prompt in prompts for t in prompt], dtype=torch.int64,
                                  device=device)
         query_start = torch.tensor(starts, dtype=torch.int32, device=device)
-        sequence = torch.repeat_interleave(  # output_size: no device-to-host read
-            torch.arange(len(prompts), device=device),
-            torch.tensor(lengths, device=device), output_size=starts[-1])
-        positions = torch.arange(starts[-1], device=device) - query_start[sequence].long()
+        # the sequence and position of every packed row, from the host's prompt lengths
+        sequence = torch.tensor([b for b, length in enumerate(lengths) for _ in range(length)],
+                                dtype=torch.int64, device=device)
+        positions = torch.tensor([j for length in lengths for j in range(length)],
+                                 dtype=torch.int64, device=device)
         slot_mapping = slot_mapping_for(block_table[sequence], positions[:, None],
                                         torch.ones_like(positions[:, None], dtype=torch.bool),
                                         cache.page_size)[:, 0]
@@ -168,4 +169,4 @@ class Model:
             input_ids, positions, slot_mapping, block_table, query_start, ctx_len, cache
         )
         last = torch.tensor([max(start - 1, 0) for start in starts[1:]], device=device)
-        return hidden[last.clamp(max=max(starts[-1] - 1, 0))]
+        return hidden[last]

@@ -401,8 +401,9 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ model_min's decode step
     Mutation(
         "model-min-mask-rows-at-physical-positions", "model_min/generator.py",
-        (("+ order.index_select(0, mask_row).long(),",
-          "+ (mask_row - query_start[:-1].long().repeat_interleave(window)),"),),
+        (("positions.index_select(0, mask_row), -1)",
+          "s.ctx_len.repeat_interleave(window).long()\n"
+          "                              + mask_row - query_start[:-1].long().repeat_interleave(window), -1)"),),
         MODEL_MIN_TESTS, "mask rows predict their physical instead of logical position",
     ),
     Mutation(

@@ -150,6 +150,25 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def figure(case: dict | None, *keys: str) -> float | None:
+    """``case[keys[0]][keys[1]]...``, or None where the case or a key is missing (a case that
+    failed, a mode that did not run)."""
+    value = case
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def extreme(values: list, pick: Callable) -> float | None:
+    """``pick(values)`` (min or max) for a summary, None if any value is missing or none is
+    given: a headline figure over a set of cases stands only if all of them ran."""
+    if not values or any(v is None for v in values):
+        return None
+    return pick(values)
+
+
 def slugify(name: str) -> str:
     """A folder name for a device: ``"NVIDIA H200"`` -> ``"nvidia-h200"``."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"

@@ -678,10 +678,26 @@ def write_plot(report: dict, path: Path) -> str:
     return path.name
 
 
+def summarise(report: dict) -> dict:
+    """Headline figures per op of the triton kernel, graph mode, over its cases: the highest
+    fraction of copy bandwidth and the lowest speed-up over the PyTorch implementation. None
+    where a case did not run."""
+    summary = {}
+    for op, result in report["ops"].items():
+        cases = result.get("cases", [])
+        summary[f"{op}_max_copy_bw_fraction"] = common.extreme(
+            [common.figure(c, "fraction_of_copy_bandwidth", "triton", "graph") for c in cases],
+            max)
+        summary[f"{op}_min_speedup_over_torch"] = common.extreme(
+            [common.figure(c, "speedup", "triton_over_torch", "graph") for c in cases], min)
+    return summary
+
+
 def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if final:
         report["plot"] = write_plot(report, out_dir / "ops_window.png")
+        report["summary"] = summarise(report)
     common.write_json(out_dir / "ops_window.json", report)
     write_markdown(report, out_dir / "ops_window.md")
 

@@ -426,10 +426,35 @@ def write_plot(report: dict, path: Path) -> str:
     return path.name
 
 
+def summarise(report: dict) -> dict:
+    """Headline figures of the triton kernel, graph mode: one decode call at B=1, 32 rows,
+    512 positions of context; its lowest speed-up over SDPA on decode cases with B <= 4; its
+    highest decode fraction of copy bandwidth; its lowest prefill speed-up over SDPA. None
+    where a case needed did not run."""
+    cases = report.get("cases", [])
+    decode = [c for c in cases if c["kind"] == "decode"]
+    prefill = [c for c in cases if c["kind"] == "prefill"]
+    probe = [c for c in decode
+             if (c["params"]["batch"], c["params"]["q_len"], c["params"]["context"]) == (1, 32, 512)]
+    return {
+        "b1_q32_ctx512_us": common.figure(probe[0] if probe else None,
+                                          "timings", "triton", "graph", "median_us"),
+        "decode_b_le_4_min_speedup_over_sdpa": common.extreme(
+            [common.figure(c, "speedup", "triton_over_sdpa", "graph")
+             for c in decode if c["params"]["batch"] <= 4], min),
+        "decode_max_copy_bw_fraction": common.extreme(
+            [common.figure(c, "fraction_of_copy_bandwidth", "triton", "graph") for c in decode],
+            max),
+        "prefill_min_speedup_over_sdpa": common.extreme(
+            [common.figure(c, "speedup", "triton_over_sdpa", "graph") for c in prefill], min),
+    }
+
+
 def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if final:
         report["plot"] = write_plot(report, out_dir / "paged_attention.png")
+        report["summary"] = summarise(report)
     common.write_json(out_dir / "paged_attention.json", report)
     write_markdown(report, out_dir / "paged_attention.md")
 

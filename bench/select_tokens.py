@@ -389,10 +389,48 @@ def write_plot(report: dict, path: Path) -> str:
     return path.name
 
 
+SUMMARY_ROWS = (1, 16, 256, 1024)
+
+
+def summarise(report: dict) -> dict:
+    """Headline figures of the triton kernel (graph mode unless named): the largest ratio of
+    a sampling parameter set's time to greedy's at the same rows (rows 1, 16, 256, 1024), the
+    slowest sampling set at one row, greedy's lowest fraction of copy bandwidth at 256 rows
+    or more, and the eager speed-up over the reference-engine sampler at 16 sequences x 16
+    rows with top-k 50 and top-p 0.9. None where a case needed did not run."""
+    by_rows = {name: {case["params"]["rows"]: case for case in result.get("cases", [])}
+               for name, result in report["parameters"].items()}
+    greedy = by_rows.get("greedy", {})
+    sampling = [name for name in by_rows if name != "greedy"]
+
+    def graph_us(case):
+        return common.figure(case, "timings", "triton", "graph", "median_us")
+
+    engine_set = [name for name in sampling
+                  if (report["parameters"][name]["params"]["top_k"],
+                      report["parameters"][name]["params"]["top_p"]) == (50, 0.9)]
+    engine_case = by_rows[engine_set[0]].get(256) if engine_set else None
+    if common.figure(engine_case, "params", "sequences") != 16:
+        engine_case = None
+    return {
+        "max_sampling_over_greedy": common.extreme(
+            [common.ratio(graph_us(by_rows[name].get(rows)), graph_us(greedy.get(rows)))
+             for name in sampling for rows in SUMMARY_ROWS], max),
+        "max_sampling_1row_us": common.extreme(
+            [graph_us(by_rows[name].get(1)) for name in sampling], max),
+        "greedy_min_copy_bw_fraction_256plus": common.extreme(
+            [common.figure(case, "fraction_of_copy_bandwidth", "triton", "graph")
+             for rows, case in greedy.items() if rows >= 256], min),
+        "speedup_over_engine_16x16": common.figure(
+            engine_case, "speedup", "triton_over_engine", "eager"),
+    }
+
+
 def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if final:
         report["plot"] = write_plot(report, out_dir / "select_tokens.png")
+        report["summary"] = summarise(report)
     common.write_json(out_dir / "select_tokens.json", report)
     write_markdown(report, out_dir / "select_tokens.md")
 

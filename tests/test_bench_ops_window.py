@@ -53,6 +53,11 @@ def test_cpu_smoke_measures_every_case_of_every_op(smoke):
     assert status == 0, ow.failures(report)
     assert report["mode"] == "cpu-smoke" and report["complete"]
     assert report["command"] == f"python -m bench.ops_window --cpu-smoke --out-dir {out_dir}"
+    # the summary's figures are graph-mode (GPU) figures: none from a CPU run
+    assert set(report["summary"]) == {f"{op}_{figure}" for op in report["ops"]
+                                      for figure in ("max_copy_bw_fraction",
+                                                     "min_speedup_over_torch")}
+    assert all(value is None for value in report["summary"].values())
     sizes = ow.SMOKE
     counts = {"rope_kv_append": len(sizes.tokens) * len(sizes.page_sizes),
               "reorder_window": len(sizes.batches) * len(sizes.page_sizes),

@@ -55,6 +55,8 @@ def test_cpu_smoke_runs_every_case_with_both_implementations_and_sdpa(smoke):
     assert report["mode"] == "cpu-smoke" and report["complete"]
     assert report["command"] == (
         f"python -m bench.paged_attention {' '.join(SMOKE_ARGS)} --out-dir {out_dir}")
+    # the summary's figures are graph-mode (GPU) figures: none from a CPU run
+    assert report["summary"] and all(v is None for v in report["summary"].values())
     sizes = pa.SMOKE
     decode = [(c["params"]["batch"], c["params"]["q_len"], c["params"]["context"])
               for c in report["cases"] if c["kind"] == "decode"]

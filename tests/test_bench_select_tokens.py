@@ -54,6 +54,11 @@ def test_cpu_smoke_times_every_case_of_both_parameter_sets(smoke):
     assert report["mode"] == "cpu-smoke" and report["complete"]
     assert report["command"] == f"python -m bench.select_tokens --cpu-smoke --out-dir {out_dir}"
     assert set(report["parameters"]) == {"greedy", "sampling"}
+    # the summary's figures are the triton kernel's, graph mode: none from a CPU run
+    assert set(report["summary"]) == {"max_sampling_over_greedy", "max_sampling_1row_us",
+                                      "greedy_min_copy_bw_fraction_256plus",
+                                      "speedup_over_engine_16x16"}
+    assert all(value is None for value in report["summary"].values())
     for result in report["parameters"].values():
         assert [c["params"]["rows"] for c in result["cases"]] == list(bench.SMOKE.rows)
         for case in result["cases"]:

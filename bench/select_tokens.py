@@ -9,7 +9,8 @@ rows, laid out as decode steps of 16 mask rows per sequence (R = 1: one sequence
 row; R = 256: 16 sequences x 16 rows), in two parameter sets:
 
 - ``greedy``: temperature 0 (the project's default);
-- ``sampling``: temperature 0.7, top-k 50, top-p 0.9;
+- ``temperature``, ``top_k``, ``top_p``, ``top_k_top_p``: temperature 0.7 alone, with
+  top-k 50, with top-p 0.9, with both;
 
 it times three implementations of one decode step's selection:
 
@@ -19,7 +20,8 @@ it times three implementations of one decode step's selection:
   (entropy by ``torch.distributions.Categorical`` in the logits' dtype, softmax argmax,
   ``torch.topk`` then a full-vocabulary sort for top-p, ``torch.multinomial``, and the
   threshold selection with ``nonzero``/``argmin``/``.item()``), one sequence at a time in a
-  Python loop with its host synchronisations, on the same batch layout.
+  Python loop with its host synchronisations, on the same batch layout (greedy and
+  top_k_top_p only).
 
 Timing modes (bench/common.py): ``eager`` (do_bench, L2 flushed before each call) for all
 three, ``graph`` (CUDA graph, warm L2) for the two that can be captured (the engine sampler
@@ -72,13 +74,20 @@ class Params:
     temperature: float
     top_k: int
     top_p: float
+    engine: bool = False  # also time the reference-engine sampler (slow: a few sets only)
 
 
 FULL = Sizes(vocab=151936, rows=(1, 16, 64, 256, 1024), rows_per_sequence=16,
              dtype=torch.bfloat16)
 QUICK = replace(FULL, rows=(1, 16, 256))
 SMOKE = Sizes(vocab=1000, rows=(1, 8), rows_per_sequence=4, dtype=torch.float32)
-PARAMS = (Params("greedy", 0.0, 0, 1.0), Params("sampling", 0.7, 50, 0.9))
+PARAMS = (
+    Params("greedy", 0.0, 0, 1.0, engine=True),
+    Params("temperature", 0.7, 0, 1.0),
+    Params("top_k", 0.7, 50, 1.0),
+    Params("top_p", 0.7, 0, 0.9),
+    Params("top_k_top_p", 0.7, 50, 0.9, engine=True),
+)
 
 METHODS = {
     "eager": (
@@ -243,6 +252,21 @@ def check_against_torch(triton_out: tuple, torch_out: tuple, params: Params) -> 
             "fraction_of_equal_tokens": same_tokens, "equal_selection": same_selection}
 
 
+def filter_paths(args: tuple) -> dict:
+    """How the Triton filter kernel searched the top-k / top-p rows of ``args``: rows that
+    read only candidate granules, rows that searched their whole row (an untimed call)."""
+    from wedlm_kernels.ops import select
+
+    logits = args[0]
+    num_splits, _ = select.split_plan(logits.shape[0], logits.shape[1], logits.device)
+    workspace = select.SelectWorkspace.empty(logits.shape[0], logits.shape[1], num_splits,
+                                             logits.device)
+    workspace.domain.zero_()
+    select.select_tokens_triton(*args, workspace=workspace)
+    domain = workspace.domain.cpu()
+    return {"candidate_rows": int((domain > 0).sum()), "whole_row_rows": int((domain < 0).sum())}
+
+
 def run_case(sizes: Sizes, params: Params, num_rows: int, launchers: dict, timer: Timer,
              seed: int) -> dict:
     args = make_inputs(sizes, params, num_rows, timer.device, seed)
@@ -257,9 +281,10 @@ def run_case(sizes: Sizes, params: Params, num_rows: int, launchers: dict, timer
     if launchers.get("triton") is not None:
         case["check"]["triton_vs_torch"] = check_against_torch(
             launchers["triton"](*args), launchers["torch"](*args), params)
+        case["filter_paths"] = filter_paths(args)
     for impl in IMPLS:
         launcher = launchers.get(impl)
-        if launcher is None:
+        if launcher is None or (impl == "engine" and not params.engine):
             continue
         def call(launcher=launcher):
             return launcher(*args)
@@ -366,7 +391,9 @@ def write_plot(report: dict, path: Path) -> str:
     if plt is None:
         return "matplotlib is not installed: no plot"
     mode = report["modes"][0]
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    count = len(report["parameters"])
+    figure, axes = plt.subplots(1, count, figsize=(4.5 * count, 4.5), squeeze=False)
+    axes = axes[0]
     colors = {"triton": "C0", "torch": "C1", "engine": "C2"}
     for axis, (name, result) in zip(axes, report["parameters"].items()):
         for impl, color in colors.items():

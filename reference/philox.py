@@ -11,8 +11,9 @@ with the key bumped by the Weyl constants (0x9E3779B9, 0xBB67AE85) between round
 
 ``select_tokens`` draws one number per (sequence seed, absolute position, vocabulary index):
 key ``(seed & 0xffffffff, (seed >> 32) & 0xffffffff)`` (the seed's 64 two's-complement bits),
-counter ``(v, p & 0xffffffff, (p >> 32) & 0xffffffff, 0)``; the first output word ``x``
-gives ``u = ((x >> 8) + 0.5) * 2**-24`` and the Gumbel noise ``g = -log(-log(u))``.
+counter ``(v >> 2, p & 0xffffffff, (p >> 32) & 0xffffffff, 0)``, so one Philox call serves
+four consecutive vocabulary indices; output word ``v & 3`` is ``x``, which gives
+``u = ((x >> 8) + 0.5) * 2**-24`` and the Gumbel noise ``g = -log(-log(u))``.
 
 :func:`philox4x32_10` is the textbook scalar form in Python integers; the numpy functions
 compute the same stream for many counters at once in uint64 (a product of two 32-bit
@@ -53,8 +54,15 @@ def seed_key(seed: int) -> tuple[int, int]:
 
 
 def position_counter(vocab_index: int, position: int) -> tuple[int, int, int, int]:
-    """Counter of vocabulary index ``vocab_index`` at absolute position ``position``."""
-    return vocab_index & MASK32, position & MASK32, (position >> 32) & MASK32, 0
+    """Counter of vocabulary index ``vocab_index`` at absolute position ``position`` (shared
+    by the four indices ``4 * (vocab_index >> 2) .. + 3``)."""
+    return (vocab_index >> 2) & MASK32, position & MASK32, (position >> 32) & MASK32, 0
+
+
+def vocab_word(seed: int, position: int, vocab_index: int) -> int:
+    """The word ``x`` of one vocabulary index, from the scalar :func:`philox4x32_10`."""
+    words = philox4x32_10(position_counter(vocab_index, position), seed_key(seed))
+    return words[vocab_index & 3]
 
 
 def philox4x32_10_numpy(
@@ -77,18 +85,21 @@ def philox4x32_10_numpy(
     return c0, c1, c2, c3
 
 
-def philox_first_word(seed: int, position: int, vocab_indices: np.ndarray) -> np.ndarray:
-    """First output word ``x`` (uint64 holding a 32-bit value) for each vocabulary index."""
+def philox_word(seed: int, position: int, vocab_indices: np.ndarray) -> np.ndarray:
+    """The word ``x`` (uint64 holding a 32-bit value) of each vocabulary index: output word
+    ``v & 3`` of the Philox call at counter ``(v >> 2, position low, position high, 0)``."""
     key0, key1 = seed_key(seed)
     vocab_indices = np.asarray(vocab_indices, dtype=np.uint64)
     zeros = np.zeros_like(vocab_indices)
     counter = (
-        vocab_indices,
+        vocab_indices >> np.uint64(2),
         zeros + np.uint64(position & MASK32),
         zeros + np.uint64((position >> 32) & MASK32),
         zeros,
     )
-    return philox4x32_10_numpy(counter, (np.uint64(key0), np.uint64(key1)))[0]
+    words = np.stack(philox4x32_10_numpy(counter, (np.uint64(key0), np.uint64(key1))))
+    lane = (vocab_indices & np.uint64(3)).astype(np.intp)
+    return np.take_along_axis(words, lane[None], axis=0)[0]
 
 
 def uniform_from_word(word: np.ndarray) -> np.ndarray:
@@ -98,15 +109,15 @@ def uniform_from_word(word: np.ndarray) -> np.ndarray:
 
 
 def gumbel_from_word(word: np.ndarray) -> np.ndarray:
-    """Gumbel noise ``-log(-log(u))`` in float64 for first output words ``x``."""
+    """Gumbel noise ``-log(-log(u))`` in float64 for words ``x``."""
     return -np.log(-np.log(uniform_from_word(word)))
 
 
 def uniform(seed: int, position: int, vocab_size: int) -> np.ndarray:
     """``u`` for vocabulary indices ``0 .. vocab_size-1`` at (seed, position), float64."""
-    return uniform_from_word(philox_first_word(seed, position, np.arange(vocab_size)))
+    return uniform_from_word(philox_word(seed, position, np.arange(vocab_size)))
 
 
 def gumbel(seed: int, position: int, vocab_size: int) -> np.ndarray:
     """Gumbel noise for vocabulary indices ``0 .. vocab_size-1`` at (seed, position), float64."""
-    return gumbel_from_word(philox_first_word(seed, position, np.arange(vocab_size)))
+    return gumbel_from_word(philox_word(seed, position, np.arange(vocab_size)))

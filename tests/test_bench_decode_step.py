@@ -96,8 +96,8 @@ def test_kernel_names_fall_into_their_categories():
     assert category("nvjet_hsh_192x128_64x4_1x2_h_bz_coopB_NNT") == "gemm"
     assert category("_paged_attention_kernel") == "attention"
     assert category("_combine_splits_kernel") == "attention"
-    for name in ("_rope_kv_append_kernel", "_reorder_window_kernel", "_select_filter_kernel",
-                 "_select_partials_kernel", "_commit_window_kernel"):
+    for name in ("_rope_kv_append_kernel", "_reorder_window_kernel", "_select_scan_kernel",
+                 "_select_filter_kernel", "_select_sequences_kernel", "_commit_window_kernel"):
         assert category(name) == "wedlm_ops"
     for name in ("_silu_mul_kernel", "_fused_add_rms_norm_forward_kernel",
                  "void at::native::vectorized_elementwise_kernel<4, ...>"):

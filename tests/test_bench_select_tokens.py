@@ -48,25 +48,28 @@ def test_default_mode_without_gpu_says_so_exits_0_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_cpu_smoke_times_every_case_of_both_parameter_sets(smoke):
+def test_cpu_smoke_times_every_case_of_every_parameter_set(smoke):
     status, report, markdown, out_dir = smoke
     assert status == 0, bench.failures(report)
     assert report["mode"] == "cpu-smoke" and report["complete"]
     assert report["command"] == f"python -m bench.select_tokens --cpu-smoke --out-dir {out_dir}"
-    assert set(report["parameters"]) == {"greedy", "sampling"}
+    assert set(report["parameters"]) == {"greedy", "temperature", "top_k", "top_p",
+                                         "top_k_top_p"}
     # the summary's figures are the triton kernel's, graph mode: none from a CPU run
     assert set(report["summary"]) == {"max_sampling_over_greedy", "max_sampling_1row_us",
                                       "greedy_min_copy_bw_fraction_256plus",
                                       "speedup_over_engine_16x16"}
     assert all(value is None for value in report["summary"].values())
-    for result in report["parameters"].values():
+    for name, result in report["parameters"].items():
         assert [c["params"]["rows"] for c in result["cases"]] == list(bench.SMOKE.rows)
         for case in result["cases"]:
-            assert set(case["timings"]) == {"torch", "engine"}  # no Triton without --interpret
+            # no Triton without --interpret; the engine sampler on two sets only
+            engine = name in ("greedy", "top_k_top_p")
+            assert set(case["timings"]) == {"torch"} | ({"engine"} if engine else set())
             for timing in case["timings"].values():
                 assert timing["cpu"]["samples"] >= 3 and timing["cpu"]["median_us"] > 0
             assert case["speedup"] == {} and case["check"] == {}
-    assert markdown.count("| rows | B × rows |") == 2
+    assert markdown.count("| rows | B × rows |") == 5
     assert "CPU smoke run" in markdown
 
 
@@ -95,7 +98,11 @@ def test_case_with_the_triton_launcher_checks_it_and_reports_speedups():
         case = bench.run_case(sizes, params, 2, launchers, timer, seed=3)
         bench.add_derived(case, 10.0)
         assert case["check"]["triton_vs_torch"]["ok"], case["check"]
-        assert set(case["speedup"]) == {"triton_over_torch", "triton_over_engine"}
+        filtered = 0 < params.top_k < sizes.vocab or params.top_p < 1
+        assert case["filter_paths"] == {"candidate_rows": 2 if filtered else 0,
+                                        "whole_row_rows": 0}
+        assert set(case["speedup"]) == {"triton_over_torch"} | (
+            {"triton_over_engine"} if params.engine else set())
         for name, speedup in case["speedup"].items():
             baseline = name.removeprefix("triton_over_")
             assert speedup["cpu"] == pytest.approx(

@@ -61,11 +61,14 @@ def test_torch_philox_matches_random123_known_answers(counter, key, expected):
     assert tuple(int(w[0]) for w in words) == expected
 
 
-def test_stream_at_seed_zero_position_zero_index_zero_is_the_zero_known_answer():
-    # key (0, 0) and counter (0, 0, 0, 0): the first word of the first known answer
-    bits = select_ops.philox_bits(torch.tensor([0]), torch.tensor([0]), 3)
-    assert int(bits[0, 0]) == 0x6627E8D5
-    assert int(philox.philox_first_word(0, 0, np.array([0]))[0]) == 0x6627E8D5
+def test_stream_at_seed_zero_position_zero_is_the_zero_known_answer_word_by_word():
+    # key (0, 0) and counter (0, 0, 0, 0) serve indices 0..3: the four words of the first
+    # known answer, in order; index 4 starts the next counter
+    first_answer = list(RANDOM123_KAT[0][2])
+    bits = select_ops.philox_bits(torch.tensor([0]), torch.tensor([0]), 5)
+    assert bits[0, :4].tolist() == first_answer
+    assert [int(w) for w in philox.philox_word(0, 0, np.arange(4))] == first_answer
+    assert int(bits[0, 4]) == philox.philox4x32_10((1, 0, 0, 0), (0, 0))[0]
 
 
 @given(
@@ -108,20 +111,21 @@ def test_torch_stream_matches_reference_bit_for_bit(seeds, positions, vocab_size
     bits = select_ops.philox_bits(torch.tensor(seeds), torch.tensor(positions), vocab_size)
     assert bits.shape == (rows, vocab_size) and bits.dtype == torch.int64
     for r in range(rows):
-        expected = philox.philox_first_word(seeds[r], positions[r], np.arange(vocab_size))
+        expected = philox.philox_word(seeds[r], positions[r], np.arange(vocab_size))
         assert bits[r].tolist() == [int(x) for x in expected]
         # spot-check the documented key and counter layout with the scalar textbook form
-        v = vocab_size - 1
         seed, position = seeds[r], positions[r]
-        counter = (v, position & MASK32, (position >> 32) & MASK32, 0)
         key = (seed & MASK32, (seed >> 32) & MASK32)
-        assert int(bits[r, v]) == philox.philox4x32_10(counter, key)[0]
+        for v in {0, vocab_size - 1, vocab_size // 2}:
+            counter = (v >> 2, position & MASK32, (position >> 32) & MASK32, 0)
+            assert int(bits[r, v]) == philox.philox4x32_10(counter, key)[v & 3]
+            assert int(bits[r, v]) == philox.vocab_word(seed, position, v)
 
 
 def test_uniform_lies_strictly_inside_the_unit_interval_on_the_odd_2_pow_minus_25_grid():
     words = np.concatenate(
         [np.array([0, 255, 256, 2**31 - 1, 2**31, 2**32 - 256, MASK32], dtype=np.uint64),
-         philox.philox_first_word(12345, 678, np.arange(20000))]
+         philox.philox_word(12345, 678, np.arange(20000))]
     )
     u = philox.uniform_from_word(words)
     assert np.all(u > 0) and np.all(u < 1)

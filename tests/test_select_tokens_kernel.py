@@ -8,6 +8,7 @@ Interpreter programs cost milliseconds each, so the shapes are small (a few rows
 in the random tests) apart from a handful of single-row cases at real vocabulary sizes.
 """
 
+import dataclasses
 import inspect
 import math
 
@@ -41,7 +42,6 @@ from wedlm_kernels.ops.select import (
     gumbel_from_bits_triton,
     kernel_variants,
     philox_gumbel_triton,
-    select_tokens_into,
     select_tokens_torch,
     select_tokens_triton,
     split_plan,
@@ -86,9 +86,11 @@ GUMBEL_TOLERANCE = dict(rtol=1e-6, atol=1e-6)
 
 
 
-def run_kernel(args, num_splits=None):
+def run_kernel(args, num_splits=None, max_candidates=select_ops.MAX_CANDIDATES):
     """The launcher on DEVICE with outputs and workspace between guard bands; the outputs
-    start as garbage. Returns (token, selected, entropy, workspace) on the CPU."""
+    start as garbage. ``max_candidates`` sizes the candidate list (a small one sends top-k /
+    top-p rows to the whole-row search). Returns (token, selected, entropy, workspace) on
+    the CPU."""
     args = tuple(a.to(DEVICE) for a in args)
     num_rows, vocab_size = args[0].shape
     garbage = (
@@ -98,12 +100,13 @@ def run_kernel(args, num_splits=None):
     )
     outputs = [guarded(g.to(DEVICE)) for g in garbage]
     splits, _ = split_plan(num_rows, vocab_size, torch.device(DEVICE), num_splits)
-    empty = SelectWorkspace.empty(num_rows, splits, torch.device(DEVICE))
+    empty = SelectWorkspace.empty(num_rows, vocab_size, splits, torch.device(DEVICE),
+                                  max_candidates)
     parts = {name: guarded(getattr(empty, name).fill_(0))
-             for name in ("row_sequence", "floor", "partial_float", "partial_index")}
+             for name in dataclasses.asdict(empty)}
     workspace = SelectWorkspace(**{name: g.tensor for name, g in parts.items()})
-    select_tokens_into(*(o.tensor for o in outputs), *args, num_splits=num_splits,
-                       workspace=workspace)
+    select_tokens_triton(*args, out=tuple(o.tensor for o in outputs), num_splits=num_splits,
+                         workspace=workspace)
     for name, g in zip(("token", "selected", "entropy"), outputs):
         g.check(name)
     for name, g in parts.items():
@@ -216,8 +219,10 @@ def test_kernel_matches_reference_and_pytorch_on_random_batches(data):
     args, params = _draw_batch(data, g, vocab)
     cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed = params
     num_splits = data.draw(st.sampled_from([None, 1, 2, 3]), label="num_splits")
+    max_candidates = data.draw(st.sampled_from([select_ops.MAX_CANDIDATES, 1, 3]),
+                               label="max_candidates")
 
-    token, selected, entropy, _ = run_kernel(args, num_splits)
+    token, selected, entropy, _ = run_kernel(args, num_splits, max_candidates)
     torch_token, torch_selected, torch_entropy = select_tokens_torch(*args)
     ref_token, ref_selected, ref_entropy = ref.select_tokens(*args)
 
@@ -271,16 +276,19 @@ def test_vocabulary_split_changes_no_token_or_selection(data):
     top_k=st.integers(0, 12),
     top_p=st.sampled_from([1.0, 0.95, 0.6, 0.2, 0.01, 0.0]),
     kind=st.sampled_from(["normal", "ties", "signed zeros", "minus inf"]),
+    max_candidates=st.sampled_from([None, 2]),
 )
-@example(case_seed=0, vocab=2, top_k=1, top_p=1.0, kind="ties")
-@example(case_seed=1, vocab=600, top_k=12, top_p=0.0, kind="signed zeros")
-@example(case_seed=2, vocab=97, top_k=3, top_p=0.6, kind="minus inf")
-@example(case_seed=3, vocab=300, top_k=0, top_p=0.2, kind="ties")
+@example(case_seed=0, vocab=2, top_k=1, top_p=1.0, kind="ties", max_candidates=None)
+@example(case_seed=1, vocab=600, top_k=12, top_p=0.0, kind="signed zeros", max_candidates=None)
+@example(case_seed=2, vocab=97, top_k=3, top_p=0.6, kind="minus inf", max_candidates=None)
+@example(case_seed=3, vocab=300, top_k=0, top_p=0.2, kind="ties", max_candidates=None)
+@example(case_seed=4, vocab=600, top_k=7, top_p=0.6, kind="ties", max_candidates=2)
 def test_sampling_floor_is_exactly_the_top_k_and_top_p_cutoff(case_seed, vocab, top_k, top_p,
-                                                            kind):
+                                                            kind, max_candidates):
     """At a huge temperature the floor of a sampling row is max(k-th largest value, top-p
     cutoff); the entries at or above it must be exactly the reference's kept set (ties, -0.0
-    next to +0.0 and -inf entries included), up to top-p decisions within TOP_P_MARGIN."""
+    next to +0.0 and -inf entries included), up to top-p decisions within TOP_P_MARGIN.
+    ``max_candidates`` 2 sends most rows to the whole-row search."""
     g = torch.Generator().manual_seed(case_seed)
     if kind == "ties":
         row = torch.randint(-4, 4, (vocab,), generator=g).float()
@@ -293,7 +301,11 @@ def test_sampling_floor_is_exactly_the_top_k_and_top_p_cutoff(case_seed, vocab, 
             row[torch.rand(vocab, generator=g) < 0.5] = -INF
     args = one_sequence([row.tolist()], [3], temperature=1e4, top_k=top_k, top_p=top_p,
                         seed=case_seed)
-    _, _, _, workspace = run_kernel(args)
+    token, _, _, workspace = run_kernel(args, max_candidates=max_candidates or
+                                        select_ops.MAX_CANDIDATES)
+    if not (0 < top_k < vocab or top_p < 1):  # temperature only: no floor, every entry
+        assert int(token[0]) == ref.sample_row(row, 1e4, top_k, top_p, case_seed, 3)
+        return
     floor = float(workspace.floor[0])
     kept = [v >= floor for v in row.tolist()]
     expected = ref.kept_tokens(row, top_k, top_p)
@@ -309,9 +321,10 @@ def test_sampling_floor_is_exactly_the_top_k_and_top_p_cutoff(case_seed, vocab, 
 
 
 def test_philox_stream_at_zero_is_the_random123_known_answer():
-    zero = i64(0).to(DEVICE)
-    word, _ = philox_gumbel_triton(zero, zero, zero)
-    assert int(word[0]) == 0x6627E8D5  # Random123 kat_vectors: philox4x32_10, all zeros
+    # Random123 kat_vectors, philox4x32_10 at counter 0, key 0: the words of indices 0..3
+    zero = i64(0, 0, 0, 0).to(DEVICE)
+    word, _ = philox_gumbel_triton(zero, zero, i64(0, 1, 2, 3).to(DEVICE))
+    assert word.tolist() == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
 
 
 @given(
@@ -325,7 +338,7 @@ def test_philox_words_and_gumbel_noise_equal_the_reference_stream(seeds, positio
     seed, position, vocab_index = (i64(*column) for column in zip(*triples))
     word, gumbel = philox_gumbel_triton(seed.to(DEVICE), position.to(DEVICE),
                                         vocab_index.to(DEVICE))
-    expected_words = [int(philox.philox_first_word(s, p, np.array([v]))[0])
+    expected_words = [int(philox.philox_word(s, p, np.array([v]))[0])
                       for s, p, v in triples]
     assert word.cpu().tolist() == expected_words
     expected_gumbel = philox.gumbel_from_word(np.array(expected_words, dtype=np.uint64))
@@ -442,6 +455,57 @@ def test_top_p_drops_a_token_whose_mass_above_equals_top_p_exactly(case):
     assert {v for v, x in enumerate(row) if x >= float(floors[0])} == kept
 
 
+def _filter_path_rows(vocab, seed):
+    """Rows that send a top-k / top-p row to each path of the filter kernel at
+    ``max_candidates`` 8: ``{name: (row, top_k, top_p, expected path)}`` (path "list": the
+    searches read the candidate granules; "row": the whole row)."""
+    g = torch.Generator().manual_seed(seed)
+    normal = torch.randn(vocab, generator=g) * 2
+    peaked = torch.randn(vocab, generator=g)
+    peaked[torch.randint(0, vocab, (3,), generator=g)] += torch.tensor([15.0, 14.0, 13.0])
+    ties = torch.randint(-3, 3, (vocab,), generator=g).float()  # the maximum in every granule
+    with_nan = peaked.clone()
+    with_nan[vocab // 2] = NAN
+    return {
+        "top-k, distinct values": (normal, 5, 1.0, "list"),
+        "top-k tied across many granules": (ties, 5, 1.0, "row"),
+        "top-k larger than the list": (normal, 40 * 8, 1.0, "row"),
+        "top-k and top-p": (normal, 6, 0.5, "list"),
+        "top-p alone, peaked": (peaked, 0, 0.9, "list"),
+        "top-p alone, flat": (normal * 0.1, 0, 0.9, "row"),
+        "top-p alone, NaN in the row": (with_nan, 0, 0.9, "row"),
+        "top-p 0": (normal, 0, 0.0, "list"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_filter_path_rows(3000, 0)))
+def test_each_filter_path_keeps_the_reference_set_and_samples_its_tokens(name):
+    """Each row at 24 positions (24 draws), temperature 0.8: the path the filter took, the
+    kept set (the sampling floor) against the reference, the tokens against the reference
+    and the PyTorch implementation, and the same tokens and floor when the list may hold
+    every granule."""
+    row, top_k, top_p, path = _filter_path_rows(3000, 1)[name]
+    count = 24
+    args = batch([row.tolist()] * count, [0, count], list(range(100, 100 + count)), [0.8],
+                 [top_k], [top_p], [INF], [0.0], [77])
+    token, _, _, workspace = run_kernel(args, max_candidates=8)
+    domain = workspace.domain.cpu()
+    assert ((domain > 0) if path == "list" else (domain < 0)).all(), domain
+    floor = float(workspace.floor[0])
+    assert (workspace.floor.cpu() == floor).all()
+    kept = [x >= floor for x in row.tolist()]
+    assert kept == ref.kept_tokens(row, top_k, top_p)
+    torch_token = select_tokens_torch(*args)[0]
+    for r in range(count):
+        expected = ref.sample_row(row, 0.8, top_k, top_p, 77, 100 + r)
+        assert int(token[r]) == expected == int(torch_token[r]), r
+    whole_list = run_kernel(args, max_candidates=64)
+    roomy_domain = whole_list[3].domain.cpu()  # a NaN row always searches its whole row
+    assert ((roomy_domain < 0) if torch.isnan(row).any() else (roomy_domain > 0)).all()
+    assert torch.equal(whole_list[0], token)
+    assert torch.equal(whole_list[3].floor.cpu(), workspace.floor.cpu())
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 4, None])
 def test_greedy_tie_between_tiles_or_splits_takes_the_first_index(num_splits):
     """1 split: four tiles in one program; 2: two tiles per program; 4: one tile each."""
@@ -462,6 +526,7 @@ def _kernel_gumbel(seed, position, indices):
     (3000, (5, 1031), 1, 0),            # 1024-entry sampling tiles 0 and 1 of one program
     (3000, (1023, 1024), 1, 0),         # adjacent entries across a tile boundary
     (3000, (40, 1500, 2999), 1, 3),     # three tiles, top-k keeping exactly the tied three
+    (3000, (40, *range(200, 1800, 200), 2999), 1, 10),  # ten candidate granules: two tiles
     (9000, (10, 4100, 8300), 3, 0),     # three programs (4096-entry splits)
     (9000, (4097, 8191), 2, 0),         # tiles 4 and 7 of the first of two 8192-entry programs
 ])
@@ -575,7 +640,7 @@ class _Unlaunchable:
 
 @pytest.mark.parametrize("cu_rows", [[0], [0, 0, 0]])
 def test_zero_rows_give_empty_outputs_without_a_launch(monkeypatch, cu_rows):
-    for name in ("_select_filter_kernel", "_select_partials_kernel", "_select_sequences_kernel"):
+    for name in ("_select_scan_kernel", "_select_filter_kernel", "_select_sequences_kernel"):
         monkeypatch.setattr(select_ops, name, _Unlaunchable())
     num_seqs = len(cu_rows) - 1
     args = batch(torch.empty(0, 11), cu_rows, [], [1.0] * num_seqs, [0] * num_seqs,
@@ -674,7 +739,7 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
         for variant in variants
     }
     launches = []
-    for short in ("filter", "partials", "sequences"):
+    for short in ("scan", "filter", "sequences"):
         monkeypatch.setattr(select_ops, f"_select_{short}_kernel",
                             _RecordingKernel(short, launches))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -682,10 +747,8 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
             for num_splits in (None, *range(1, MAX_SPLITS + 1)):
                 args = batch(torch.zeros(2, vocab, dtype=dtype), [0, 2], [1, 2], [0.0], [0],
                              [1.0], [0.0], [0.0], [0])
-                select_tokens_into(torch.empty(2, dtype=torch.int64),
-                                   torch.empty(2, dtype=torch.bool), torch.empty(2), *args,
-                                   num_splits=num_splits)
-    assert {launch[0] for launch in launches} == {"filter", "partials", "sequences"}
+                select_tokens_triton(*args, num_splits=num_splits)
+    assert {launch[0] for launch in launches} == {"scan", "filter", "sequences"}
     for launch in set(launches):
         assert launch in listed, launch
 

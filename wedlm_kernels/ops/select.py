@@ -12,6 +12,7 @@ by every implementation that needs the stream.
 """
 
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -158,17 +159,20 @@ def philox4x32_10(
 
 
 def philox_bits(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """First Philox output word for every (row, vocabulary index): ``[R, V]`` int64.
+    """The random word of every (row, vocabulary index): ``[R, V]`` int64.
 
     ``seed`` and ``position`` are ``[R]`` int64; the key is the seed's two 32-bit halves
-    (two's complement) and the counter is ``(v, position low, position high, 0)``.
+    (two's complement), the counter of index ``v`` is ``(v >> 2, position low, position high,
+    0)`` and its word is output ``v & 3``: one Philox call serves four consecutive indices.
     """
     seed = seed.unsqueeze(1)
     position = position.unsqueeze(1)
-    vocab = torch.arange(vocab_size, device=seed.device, dtype=torch.int64).unsqueeze(0)
-    counter = (vocab, position & MASK32, (position >> 32) & MASK32, torch.zeros_like(position))
+    quads = torch.arange((vocab_size + 3) // 4, device=seed.device, dtype=torch.int64)
+    counter = (quads.unsqueeze(0), position & MASK32, (position >> 32) & MASK32,
+               torch.zeros_like(position))
     key = (seed & MASK32, (seed >> 32) & MASK32)
-    return philox4x32_10(counter, key)[0]
+    words = torch.stack(torch.broadcast_tensors(*philox4x32_10(counter, key)), dim=-1)
+    return words.flatten(-2)[:, :vocab_size]
 
 
 def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -358,48 +362,56 @@ def select_tokens_fake(
 #
 # One call is three launches, none of which waits for the host:
 #
-# 1. _select_filter_kernel, one program per row. It finds the row's sequence (a binary
-#    search in cu_rows), writes the outputs of padding rows, and for sampling rows computes
-#    one number, the row's *floor*: the sampled token is the Gumbel-max argmax over the
-#    entries with x >= floor. The floor is the largest of
-#      - the k-th largest logit (top-k keeps x >= it, ties included),
-#      - the top-p cutoff: the smallest top-k survivor value c whose strictly larger
-#        survivors hold less than top_p of the survivors' softmax mass (top-p keeps x >= c;
-#        the mass above a value only grows as the value falls, so the kept set is an upper
-#        set of values and ties are kept together),
-#      - max(x) - GUMBEL_SPREAD * temperature: the noise lies in [-2.86, 17.33], so an entry
-#        further than 20.2 * T below the maximum can never beat the maximum's score; leaving
-#        it out changes no result and lets the main pass skip the noise of most blocks.
-#    Both thresholds are found without sorting by a search over the order-preserving integer
-#    keys of the fp32 values: each pass over the row evaluates NUM_PIVOTS pivots at once
-#    (counting x >= pivot for top-k, summing exp(x - max) over x > pivot for top-p), which
-#    shrinks the key interval NUM_PIVOTS-fold, so a 32-bit key space needs at most 9 passes;
-#    a pass that finds a single distinct value left in the interval ends the search early.
-#    Each predicate is monotone in the pivot and every answer is a data value (for top-k:
-#    one key above the k-th largest value fewer than k entries remain), so the search ends
-#    on the exact value, and ties are kept exactly like a sort would.
-# 2. _select_partials_kernel, grid (row, vocabulary split), launched once for the greedy
-#    rows and once for the sampling rows (each launch skips the other kind): one pass over a
-#    slice of the row, one tile at a time, with scalar accumulators:
+# 1. _select_scan_kernel, grid (row, vocabulary split): the one full pass over the logits.
+#    Per split, one tile at a time with scalar accumulators:
 #      - softmax statistics: running max m, s = sum exp(x - m) and t = sum exp(x - m)(x - m)
 #        (t <= 0); when a tile raises the max from m to m', s <- s e^(m-m') and
 #        t <- e^(m-m') (t + (m - m') s). The entropy is H = log(s) - t / s: both terms are
 #        non-negative, so there is no cancellation.
-#      - greedy argmax, first index on ties (only a tile that raises the maximum is searched
-#        for its first maximal index; a tie with an earlier tile keeps the earlier index);
-#      - for sampling rows, the Gumbel-max argmax of x / T + g over x >= floor, with g from
-#        Philox4x32-10 at counter (v, position) and the seed as key, computed only for tiles
-#        that hold such an entry. The noise is stateless per (seed, position, v), so the
-#        split changes nothing.
+#      - greedy rows: the argmax, first index on ties (only a tile that raises the maximum
+#        is searched for its first maximal index; a tie with an earlier tile keeps the
+#        earlier index);
+#      - temperature-only sampling rows: the Gumbel-max argmax of x / T + g over every
+#        entry, where g in [-2.86, 17.33] comes from Philox4x32-10. An entry further than
+#        GUMBEL_SPREAD * T below the running maximum can never beat the maximum's score, so a
+#        tile entirely below that floor skips its random numbers (the floor only rises);
+#      - top-k / top-p rows: the maximum of every GRANULE consecutive logits (NaN as -inf).
+# 2. _select_filter_kernel, one program per top-k / top-p row: the row's floor, such that
+#    the sampled token is the Gumbel-max argmax over the entries x >= floor, then that
+#    argmax. The floor is the largest of the k-th largest logit (top-k keeps x >= it, ties
+#    included), the top-p cutoff (the smallest value c whose strictly larger survivors hold
+#    less than top_p of the survivors' softmax mass) and max(x) - GUMBEL_SPREAD * T.
+#    Both thresholds are "the largest y with F(y) >= target" for F(y) = sum over x >= y of a
+#    weight: the count for top-k (target k), the untempered softmax weight exp(x - max) of
+#    the top-k survivors for top-p (target top_p * total: a value is kept iff the mass
+#    strictly above it is below the target, and the kept set is an upper set of values).
+#    F falls as y rises, so a search over the order-preserving integer keys of fp32 values
+#    finds it exactly: each pass evaluates NUM_PIVOTS pivots at once and shrinks the key
+#    interval NUM_PIVOTS-fold, at most 8 passes for 32-bit keys; a pass that finds a single
+#    distinct value left ends the search. Every answer is a data value, so ties are kept
+#    exactly like a sort would.
+#    The passes run over candidate granules, not the row: the k largest granule maxima are
+#    k entries >= the k-th largest of them (tau), so the k-th largest logit is >= tau and
+#    every top-k survivor lies in a granule whose maximum is >= tau. For top-p alone, tau is
+#    the largest granule maximum whose granule maxima at or above it already hold top_p of
+#    the row's mass (the scan's s): no entry below tau is kept. When the candidates are few
+#    (<= MAX_CANDIDATES granules) the searches and the Gumbel argmax read only those; when
+#    they are not (ties, large k, a flat top-p row, a NaN in the row) the same code runs
+#    over the whole row: exact either way, in the same launch.
 # 3. _select_sequences_kernel, one program per sequence: merges the partials of each row,
 #    writes token and entropy, and applies the distance penalty, the strict threshold and
 #    the fallback of the selection rule.
+#
+# The random word of vocabulary index v is output v & 3 of one Philox call at counter
+# (v >> 2, position): the kernels evaluate Philox once per four entries.
 # ----------------------------------------------------------------------------------------
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))
 _INDEX_NONE = tl.constexpr(2**31 - 1)  # "no index yet" in argmax merges
 _GUMBEL_SPREAD = tl.constexpr(24.0)  # > max g - min g = 17.33 + 2.86, with margin
+_GRANULE = tl.constexpr(64)  # logits per granule; a tile is [granules, 64]
+_QUADS = tl.constexpr(16)  # Philox counters per granule (four words each)
 _PHILOX_MUL0 = tl.constexpr(PHILOX_MULTIPLIER_0)
 _PHILOX_MUL1 = tl.constexpr(PHILOX_MULTIPLIER_1)
 _PHILOX_KEY_STEP0 = tl.constexpr(PHILOX_WEYL_0)
@@ -408,13 +420,28 @@ _PHILOX_ROUNDS = tl.constexpr(PHILOX_ROUNDS)
 
 
 @triton.jit
-def _philox_first_word(vocab_index, position, seed):
-    """First Philox4x32-10 output word (uint32) at counter (vocab_index, position low,
-    position high, 0) with key (seed low, seed high); vocab_index is a uint32 tensor."""
-    c0 = vocab_index
-    c1 = tl.full(vocab_index.shape, 0, tl.uint32) + position.to(tl.uint32)
-    c2 = tl.full(vocab_index.shape, 0, tl.uint32) + (position >> 32).to(tl.uint32)
-    c3 = tl.full(vocab_index.shape, 0, tl.uint32)
+def _sortable_key(value):
+    """Order-preserving int64 key of an fp32 value: its bits for x >= +0.0, its bits with
+    the 31 value bits flipped below (-0.0 sits one key under +0.0)."""
+    bits = value.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def _key_value(key):
+    """The fp32 value of a key from :func:`_sortable_key`."""
+    bits = key.to(tl.int32)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _philox(quad, position, seed):
+    """Philox4x32-10 at counter (quad, position low, position high, 0) with key (seed low,
+    seed high): the four uint32 output words; quad is a uint32 tensor."""
+    c0 = quad
+    c1 = tl.zeros_like(quad) + position.to(tl.uint32)
+    c2 = tl.zeros_like(quad) + (position >> 32).to(tl.uint32)
+    c3 = tl.zeros_like(quad)
     k0 = seed.to(tl.uint32)
     k1 = (seed >> 32).to(tl.uint32)
     for round_index in tl.static_range(_PHILOX_ROUNDS):
@@ -426,7 +453,7 @@ def _philox_first_word(vocab_index, position, seed):
         hi1 = tl.umulhi(c2, _PHILOX_MUL1)
         lo1 = c2 * _PHILOX_MUL1
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0
+    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -451,15 +478,131 @@ def _gumbel_from_word(word):
 
 
 @triton.jit
-def _select_filter_kernel(
+def _gumbel_words(granule, position, seed):
+    """The random words of the granules' entries, ``[G, 64]`` uint32 for ``[G]`` granules:
+    one Philox call per four entries, its words interleaved back into vocabulary order."""
+    quad = granule[:, None].to(tl.uint32) * _QUADS + tl.arange(0, _QUADS)[None, :].to(tl.uint32)
+    w0, w1, w2, w3 = _philox(quad, position, seed)
+    return tl.interleave(tl.interleave(w0, w2), tl.interleave(w1, w3))
+
+
+@triton.jit
+def _tile_gumbel_best(x, index, granule, position, seed, temperature, floor):
+    """The best score x / T + g over a tile's entries with x >= floor (NaN-free x) and the
+    first index holding it: (-inf, INDEX_NONE) when none."""
+    word = _gumbel_words(granule, position, seed)
+    score = tl.math.div_rn(x, temperature) + _gumbel_from_word(word)
+    score = tl.where((x >= floor) & (score == score), score, _NEG_INF)
+    best = tl.max(score)
+    best_index = tl.min(tl.where(score == best, index, _INDEX_NONE))
+    return best, tl.where(best > float("-inf"), best_index, _INDEX_NONE)
+
+
+@triton.jit
+def _granule_tile(values_ptr, length, granule):
+    """Entries of ``[G]`` granules (-1: none) of the values ``values_ptr[0 .. length)``:
+    ``(x [G, 64] fp32 with NaN as -inf, index [G, 64], valid [G, 64])``."""
+    index = granule[:, None] * _GRANULE + tl.arange(0, _GRANULE)[None, :]
+    valid = (granule >= 0)[:, None] & (index < length)
+    x = tl.load(values_ptr + index, mask=valid, other=float("-inf")).to(tl.float32)
+    return tl.where(x == x, x, _NEG_INF), index, valid
+
+
+@triton.jit
+def _domain_granules(list_ptr, use_list, slot, domain_size):
+    """Granule ids of domain slots ``slot``: ``list_ptr[slot]`` when ``use_list``, else
+    the slot itself (the whole row); -1 past the domain's ``domain_size`` granules."""
+    in_domain = slot < domain_size
+    listed = tl.load(list_ptr + slot, mask=in_domain & use_list, other=-1)
+    return tl.where(in_domain, tl.where(use_list, listed, slot), -1)
+
+
+@triton.jit
+def _measure(pivot_values, low_value, high_value, values_ptr, length, list_ptr, use_list,
+             domain_size, weight_floor, row_max, MASS: tl.constexpr, TILE: tl.constexpr):
+    """One pass over a domain: F at each pivot and at ``low_value``, and the smallest and
+    largest value in ``[low_value, high_value]``. ``F(y)`` sums over the entries ``x >= y``
+    the weight 1 (count) or, with ``MASS``, ``exp(x - row_max)`` for ``x >= weight_floor``
+    (0 below)."""
+    if MASS:
+        reaching = tl.zeros(pivot_values.shape, tl.float32)
+        reaching_low = tl.zeros([TILE, _GRANULE], tl.float32)
+    else:
+        reaching = tl.zeros(pivot_values.shape, tl.int32)
+        reaching_low = tl.zeros([TILE, _GRANULE], tl.int32)
+    inside_min = tl.full([TILE, _GRANULE], float("inf"), tl.float32)
+    inside_max = tl.full([TILE, _GRANULE], float("-inf"), tl.float32)
+    for tile_start in range(0, domain_size, TILE):
+        granule = _domain_granules(list_ptr, use_list, tile_start + tl.arange(0, TILE),
+                                   domain_size)
+        x, index, valid = _granule_tile(values_ptr, length, granule)
+        if MASS:
+            weight = tl.where(valid & (x >= weight_floor), tl.exp(x - row_max), 0.0)
+        else:
+            weight = valid.to(tl.int32)
+        at_pivot = x[:, :, None] >= pivot_values[None, None, :]
+        reaching += tl.sum(tl.sum(tl.where(at_pivot, weight[:, :, None], 0), axis=0), axis=0)
+        at_least_low = valid & (x >= low_value)
+        reaching_low += tl.where(at_least_low, weight, 0)
+        inside = at_least_low & (x <= high_value)
+        inside_min = tl.minimum(inside_min, tl.where(inside, x, _POS_INF))
+        inside_max = tl.maximum(inside_max, tl.where(inside, x, _NEG_INF))
+    return reaching, tl.sum(reaching_low), tl.min(inside_min), tl.max(inside_max)
+
+
+@triton.jit
+def _largest_key_reaching(target, low_key, high_key, values_ptr, length, list_ptr, use_list,
+                          domain_size, weight_floor, row_max, MASS: tl.constexpr,
+                          TILE: tl.constexpr, NUM_PIVOTS: tl.constexpr):
+    """The largest key y in [low_key, high_key] with F(y) >= target (see :func:`_measure`);
+    low_key when there is none. The caller guarantees F(high_key + 1) < target."""
+    pivot_rank = tl.arange(0, NUM_PIVOTS).to(tl.int64) + 1
+    while low_key < high_key:
+        width = high_key - low_key
+        pivots = low_key + (width * pivot_rank + NUM_PIVOTS - 1) // NUM_PIVOTS  # in (low, high]
+        reaching, reaching_low, value_min, value_max = _measure(
+            _key_value(pivots), _key_value(low_key), _key_value(high_key), values_ptr, length,
+            list_ptr, use_list, domain_size, weight_floor, row_max, MASS, TILE)
+        if value_min >= value_max:
+            # at most one distinct value v in [low, high]: F is F(low) up to v and
+            # F(high + 1) < target above, so the answer is v if F(low) reaches, else none
+            found = (value_min < float("inf")) & (reaching_low >= target)
+            low_key = tl.where(found, _sortable_key(value_min), low_key)
+            high_key = low_key
+        else:
+            # pivot j reaches iff j <= passing (F falls as the pivot rises): the answer lies
+            # in [pivot(passing), pivot(passing + 1) - 1], pivot(j) = low + ceil(width j / P)
+            passing = tl.sum((reaching >= target).to(tl.int64))
+            new_low = low_key + (width * passing + NUM_PIVOTS - 1) // NUM_PIVOTS
+            new_high = low_key + (width * (passing + 1) + NUM_PIVOTS - 1) // NUM_PIVOTS
+            low_key = new_low
+            high_key = tl.minimum(high_key, new_high - 1)
+    return low_key
+
+
+@triton.jit
+def _row_mode(temperature, top_k, top_p, vocab_size):
+    """(sampling, filtered): the row samples (temperature > 0 or NaN), and through top-k or
+    top-p (a NaN top_p is on: it keeps only the maximum)."""
+    sampling = ~(temperature <= 0.0)
+    top_k_on = (top_k > 0) & (top_k < vocab_size)
+    top_p_on = ~(top_p >= 1.0)
+    return sampling, sampling & (top_k_on | top_p_on)
+
+
+@triton.jit
+def _select_scan_kernel(
     logits_ptr,  # [R, V], unit last stride
     cu_rows_ptr,  # [B + 1] int32
     row_pos_ptr,  # [R] int64
     temperature_ptr,  # [B] fp32
     top_k_ptr,  # [B] int32
     top_p_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
     row_sequence_ptr,  # [R] int32 out: the row's sequence, -1 for padding rows
-    floor_ptr,  # [R] fp32 out: sampling rows draw from the entries x >= floor
+    granule_max_ptr,  # [R, num_granules] fp32 out (top-k / top-p rows)
+    partial_float_ptr,  # [R, num_splits, 4] fp32 out: m, s, t, best value
+    partial_index_ptr,  # [R, num_splits] int32 out: first index of the best value
     token_ptr,  # [R] int64 out (padding rows only)
     selected_ptr,  # [R] bool out (padding rows only)
     entropy_ptr,  # [R] fp32 out (padding rows only)
@@ -467,10 +610,14 @@ def _select_filter_kernel(
     vocab_size,
     num_sequences,
     search_steps,  # bit length of B + 1
-    BLOCK: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr,
+    split_size,  # a multiple of TILE_GRANULES * GRANULE
+    num_splits,
+    num_granules,  # cdiv(V, GRANULE)
+    TILE_GRANULES: tl.constexpr,
+    GUMBEL_GRANULES: tl.constexpr,  # sub-tile of the random numbers, divides TILE_GRANULES
 ):
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
     position = tl.load(row_pos_ptr + row)
 
     # sequence = the last b with cu_rows[b] <= row (binary search over b in [0, B])
@@ -489,210 +636,19 @@ def _select_filter_kernel(
     first_row = tl.load(cu_rows_ptr + safe_sequence)
     end_row = tl.load(cu_rows_ptr + safe_sequence + 1)
     valid = in_sequences & (first_row <= row) & (row < end_row) & (position >= 0)
-    tl.store(row_sequence_ptr + row, tl.where(valid, sequence, -1))
+    if split == 0:
+        tl.store(row_sequence_ptr + row, tl.where(valid, sequence, -1))
+        if not valid:
+            tl.store(token_ptr + row, tl.full([], 0, tl.int64))
+            tl.store(selected_ptr + row, tl.full([], 0, tl.int1))
+            tl.store(entropy_ptr + row, tl.full([], 0.0, tl.float32))
 
-    floor = tl.full([], float("nan"), tl.float32)  # keeps nothing: a NaN temperature samples 0
     if valid:
         temperature = tl.load(temperature_ptr + sequence)
-        if temperature > 0:
-            # Every pass below streams the row in BLOCK tiles, loading the next tile before
-            # working on the current one (one load always in flight). NaN counts as -inf.
-            row_ptr = logits_ptr + row * logits_row_stride
-            offsets = tl.arange(0, BLOCK)
-            lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
-            lane_min = tl.full([BLOCK], float("inf"), tl.float32)
-            x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size, other=float("-inf"))
-            for block_start in range(0, vocab_size, BLOCK):
-                index = block_start + offsets
-                x = x_next.to(tl.float32)
-                x = tl.where(x == x, x, _NEG_INF)
-                x_next = tl.load(row_ptr + index + BLOCK, mask=index + BLOCK < vocab_size,
-                                 other=float("-inf"))
-                lane_max = tl.maximum(lane_max, x)
-                lane_min = tl.minimum(lane_min, tl.where(index < vocab_size, x, _POS_INF))
-            row_max = tl.max(lane_max, axis=0)
-            row_min = tl.min(lane_min, axis=0)
-            floor = row_max - _GUMBEL_SPREAD * temperature
-            floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf temperature
-
-            top_k = tl.load(top_k_ptr + sequence)
-            top_p = tl.load(top_p_ptr + sequence)
-            top_p_on = (top_p < 1.0) & (row_max > float("-inf")) & (row_max < float("inf"))
-            pivot_rank = tl.arange(0, NUM_PIVOTS).to(tl.int64) + 1
-
-            # Order-preserving integer keys of fp32 values: the bits for x >= +0.0, the bits
-            # with the 31 value bits flipped below (-0.0 sits one key under +0.0).
-            min_bits = row_min.to(tl.int32, bitcast=True)
-            min_key = tl.where(min_bits >= 0, min_bits, min_bits ^ 0x7FFFFFFF).to(tl.int64)
-            floor_bits = floor.to(tl.int32, bitcast=True)
-            floor_key = tl.where(floor_bits >= 0, floor_bits, floor_bits ^ 0x7FFFFFFF).to(tl.int64)
-            max_bits = row_max.to(tl.int32, bitcast=True)
-            max_key = tl.where(max_bits >= 0, max_bits, max_bits ^ 0x7FFFFFFF).to(tl.int64)
-
-            # top-k: the largest key y with count(x >= y) >= k (the k-th largest value).
-            # Invariant: the answer lies in [low, high]; without top-p only values above
-            # the floor matter, so the search may start there (answer low if none).
-            kth_key = tl.full([], -2139095041, tl.int64)  # the key of -inf
-            if (top_k > 0) & (top_k < vocab_size):
-                low_key = tl.where(top_p_on, min_key, tl.maximum(min_key, floor_key))
-                high_key = max_key
-                while low_key < high_key:
-                    low_bits = low_key.to(tl.int32)
-                    low_value = tl.where(low_bits >= 0, low_bits, low_bits ^ 0x7FFFFFFF).to(
-                        tl.float32, bitcast=True)
-                    high_bits = high_key.to(tl.int32)
-                    high_value = tl.where(high_bits >= 0, high_bits, high_bits ^ 0x7FFFFFFF).to(
-                        tl.float32, bitcast=True)
-                    width = high_key - low_key
-                    pivots = low_key + (width * pivot_rank + NUM_PIVOTS - 1) // NUM_PIVOTS
-                    pivot_bits = pivots.to(tl.int32)  # ascending, in (low, high]
-                    pivot_bits = tl.where(pivot_bits >= 0, pivot_bits, pivot_bits ^ 0x7FFFFFFF)
-                    pivot_values = pivot_bits.to(tl.float32, bitcast=True)
-                    counts = tl.full([NUM_PIVOTS], 0, tl.int32)
-                    count_low = tl.full([BLOCK], 0, tl.int32)
-                    inside_min = tl.full([BLOCK], float("inf"), tl.float32)
-                    inside_max = tl.full([BLOCK], float("-inf"), tl.float32)
-                    x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size,
-                                     other=float("-inf"))
-                    for block_start in range(0, vocab_size, BLOCK):
-                        index = block_start + offsets
-                        x = x_next.to(tl.float32)
-                        x = tl.where(x == x, x, _NEG_INF)
-                        x_next = tl.load(row_ptr + index + BLOCK,
-                                         mask=index + BLOCK < vocab_size, other=float("-inf"))
-                        counts += tl.sum((x[:, None] >= pivot_values[None, :]).to(tl.int32),
-                                         axis=0)
-                        at_least_low = (index < vocab_size) & (x >= low_value)
-                        count_low += at_least_low.to(tl.int32)
-                        inside = at_least_low & (x <= high_value)
-                        inside_min = tl.minimum(inside_min, tl.where(inside, x, _POS_INF))
-                        inside_max = tl.maximum(inside_max, tl.where(inside, x, _NEG_INF))
-                    value_min = tl.min(inside_min, axis=0)
-                    if value_min >= tl.max(inside_max, axis=0):
-                        # at most one distinct value v in [low, high]: C is C(low) up to v
-                        # and false above (C(high + 1) is false), so the answer is v if
-                        # C(v) = C(low) holds, else low
-                        v_bits = value_min.to(tl.int32, bitcast=True)
-                        v_key = tl.where(v_bits >= 0, v_bits, v_bits ^ 0x7FFFFFFF).to(tl.int64)
-                        found = (value_min < float("inf")) & (tl.sum(count_low, axis=0) >= top_k)
-                        low_key = tl.where(found, v_key, low_key)
-                        high_key = low_key
-                    else:
-                        # pivot j passes iff count >= k, true for j <= passing (the count
-                        # falls as the pivot rises): the answer lies in [pivot(passing),
-                        # pivot(passing + 1) - 1] with pivot(j) = low + ceil(width j / P)
-                        passing = tl.sum((counts >= top_k).to(tl.int64), axis=0)
-                        new_low = low_key + (width * passing + NUM_PIVOTS - 1) // NUM_PIVOTS
-                        new_high = low_key + (width * (passing + 1) + NUM_PIVOTS - 1) // NUM_PIVOTS
-                        low_key = new_low
-                        high_key = tl.minimum(high_key, new_high - 1)
-                kth_key = low_key
-            kth_bits = kth_key.to(tl.int32)
-            kth_value = tl.where(kth_bits >= 0, kth_bits, kth_bits ^ 0x7FFFFFFF).to(
-                tl.float32, bitcast=True
-            )
-            floor = tl.maximum(floor, kth_value)
-            floor_key = tl.maximum(floor_key, kth_key)
-
-            # top-p: the smallest key y with mass(x > y) < top_p * mass(all), the masses of
-            # the untempered softmax over the top-k survivors (x >= kth_value). Invariant:
-            # the answer lies in [low, high]; it is high (the maximum) when nothing passes,
-            # and the search starts at the floor (answer: the floor if it passes).
-            if top_p_on:
-                low_key = floor_key
-                high_key = max_key
-                while low_key < high_key:
-                    low_bits = low_key.to(tl.int32)
-                    low_value = tl.where(low_bits >= 0, low_bits, low_bits ^ 0x7FFFFFFF).to(
-                        tl.float32, bitcast=True)
-                    high_bits = high_key.to(tl.int32)
-                    high_value = tl.where(high_bits >= 0, high_bits, high_bits ^ 0x7FFFFFFF).to(
-                        tl.float32, bitcast=True)
-                    width = high_key - low_key
-                    pivots = high_key - (width * pivot_rank + NUM_PIVOTS - 1) // NUM_PIVOTS
-                    pivot_bits = pivots.to(tl.int32)  # descending, in [low, high)
-                    pivot_bits = tl.where(pivot_bits >= 0, pivot_bits, pivot_bits ^ 0x7FFFFFFF)
-                    pivot_values = pivot_bits.to(tl.float32, bitcast=True)
-                    above = tl.full([NUM_PIVOTS], 0.0, tl.float32)
-                    above_low = tl.full([BLOCK], 0.0, tl.float32)
-                    total = tl.full([BLOCK], 0.0, tl.float32)
-                    inside_min = tl.full([BLOCK], float("inf"), tl.float32)
-                    inside_max = tl.full([BLOCK], float("-inf"), tl.float32)
-                    x_next = tl.load(row_ptr + offsets, mask=offsets < vocab_size,
-                                     other=float("-inf"))
-                    for block_start in range(0, vocab_size, BLOCK):
-                        index = block_start + offsets
-                        x = x_next.to(tl.float32)
-                        x = tl.where(x == x, x, _NEG_INF)
-                        x_next = tl.load(row_ptr + index + BLOCK,
-                                         mask=index + BLOCK < vocab_size, other=float("-inf"))
-                        weight = tl.where(x >= kth_value, tl.exp(x - row_max), 0.0)
-                        total += weight
-                        above += tl.sum(
-                            tl.where(x[:, None] > pivot_values[None, :], weight[:, None], 0.0),
-                            axis=0)
-                        above_low += tl.where(x > low_value, weight, 0.0)
-                        inside = (x >= low_value) & (x <= high_value)  # finite: low > -inf
-                        inside_min = tl.minimum(inside_min, tl.where(inside, x, _POS_INF))
-                        inside_max = tl.maximum(inside_max, tl.where(inside, x, _NEG_INF))
-                    limit = top_p * tl.sum(total, axis=0)
-                    value_min = tl.min(inside_min, axis=0)
-                    if value_min >= tl.max(inside_max, axis=0):
-                        # at most one distinct value v in [low, high]: the mass above y is
-                        # that above low for y < v and that above high from v on, so the
-                        # answer is low if low passes, else v (or high when there is no v)
-                        v_bits = value_min.to(tl.int32, bitcast=True)
-                        v_key = tl.where(v_bits >= 0, v_bits, v_bits ^ 0x7FFFFFFF).to(tl.int64)
-                        v_key = tl.where(value_min < float("inf"), v_key, high_key)
-                        high_key = tl.where(tl.sum(above_low, axis=0) < limit, low_key, v_key)
-                        low_key = high_key
-                    else:
-                        # pivot j passes iff its mass is small, true for j <= passing (the
-                        # mass grows as the pivot falls): the answer lies in
-                        # [pivot(passing + 1) + 1, pivot(passing)], pivot(j) = high - ceil(width j / P)
-                        passing = tl.sum((above < limit).to(tl.int64), axis=0)
-                        new_high = high_key - (width * passing + NUM_PIVOTS - 1) // NUM_PIVOTS
-                        new_low = high_key - (width * (passing + 1) + NUM_PIVOTS - 1) // NUM_PIVOTS
-                        high_key = new_high
-                        low_key = tl.maximum(low_key, new_low + 1)
-                cutoff_bits = high_key.to(tl.int32)
-                floor = tl.where(cutoff_bits >= 0, cutoff_bits, cutoff_bits ^ 0x7FFFFFFF).to(
-                    tl.float32, bitcast=True
-                )
-    else:
-        tl.store(token_ptr + row, tl.full([], 0, tl.int64))
-        tl.store(selected_ptr + row, tl.full([], 0, tl.int1))
-        tl.store(entropy_ptr + row, tl.full([], 0.0, tl.float32))
-    tl.store(floor_ptr + row, floor)
-
-
-@triton.jit
-def _select_partials_kernel(
-    logits_ptr,  # [R, V], unit last stride
-    row_pos_ptr,  # [R] int64
-    temperature_ptr,  # [B] fp32
-    seed_ptr,  # [B] int64
-    row_sequence_ptr,  # [R] int32 (from _select_filter_kernel)
-    floor_ptr,  # [R] fp32 (from _select_filter_kernel)
-    partial_float_ptr,  # [R, num_splits, 4] fp32: m, s, t, best value
-    partial_index_ptr,  # [R, num_splits] int32: first index of the best value
-    logits_row_stride,
-    vocab_size,
-    split_size,  # a multiple of BLOCK_V
-    num_splits,
-    SAMPLING: tl.constexpr,  # this launch handles the sampling rows, else the greedy rows
-    BLOCK_V: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    sequence = tl.load(row_sequence_ptr + row)
-    temperature = tl.load(temperature_ptr + sequence, mask=sequence >= 0, other=0.0)
-    if (sequence >= 0) & ((temperature <= 0) != SAMPLING):
         seed = tl.load(seed_ptr + sequence)
-        position = tl.load(row_pos_ptr + row)
-        floor = tl.load(floor_ptr + row)
+        sampling, filtered = _row_mode(temperature, tl.load(top_k_ptr + sequence),
+                                       tl.load(top_p_ptr + sequence), vocab_size)
         row_ptr = logits_ptr + row * logits_row_stride
-        offsets = tl.arange(0, BLOCK_V)
         start = split * split_size
         end = tl.minimum(start + split_size, vocab_size)
 
@@ -704,38 +660,45 @@ def _select_partials_kernel(
         run_gap = tl.full([], 0.0, tl.float32)  # sum exp(x - m) * (x - m), <= 0
         best = tl.full([], float("-inf"), tl.float32)  # greedy: max x; sampling: max score
         best_index = tl.full([], _INDEX_NONE, tl.int32)
-        for block_start in range(start, end, BLOCK_V):
-            index = block_start + offsets
+        for tile_start in range(start, end, TILE_GRANULES * _GRANULE):
+            index = tile_start + tl.arange(0, TILE_GRANULES * _GRANULE)
             x = tl.load(row_ptr + index, mask=index < end, other=float("-inf")).to(tl.float32)
-            block_max = tl.max(x, axis=0)  # NaN entries are ignored by max
-            if block_max > run_max:  # rescale the sums to the new maximum (rare)
-                shift = run_max - block_max
+            tile_max = tl.max(x, axis=0)  # NaN entries are ignored by max
+            if tile_max > run_max:  # rescale the sums to the new maximum (rare)
+                shift = run_max - tile_max
                 scale = tl.exp(shift)
                 run_gap = scale * (run_gap + tl.maximum(shift, -1e30) * run_sum)
                 run_sum = scale * run_sum
-                run_max = block_max
+                run_max = tile_max
             gap = x - run_max  # <= 0; -inf for -inf entries
             weight = tl.exp(gap)
             run_sum += tl.sum(weight, axis=0)
             run_gap += tl.sum(weight * tl.maximum(gap, -1e30), axis=0)
 
-            if SAMPLING:
-                # Gumbel-max over the entries that can still win (x >= floor); blocks
-                # without one skip the random numbers
-                if block_max >= floor:
-                    word = _philox_first_word(index.to(tl.uint32), position, seed)
-                    score = tl.math.div_rn(x, temperature) + _gumbel_from_word(word)
-                    score = tl.where((x >= floor) & (score == score), score, _NEG_INF)
-                    block_best = tl.max(score, axis=0)
-                    if block_best > best:  # strictly: an earlier block wins a tie
-                        best_index = tl.min(
-                            tl.where(score == block_best, index, _INDEX_NONE), axis=0
-                        )
-                        best = block_best
+            if filtered:
+                granule = tile_start // _GRANULE + tl.arange(0, TILE_GRANULES)
+                x_granules = tl.reshape(tl.where(x == x, x, _NEG_INF), [TILE_GRANULES, _GRANULE])
+                tl.store(granule_max_ptr + row * num_granules + granule,
+                         tl.max(x_granules, axis=1), mask=granule < num_granules)
+            elif sampling:
+                floor = run_max - _GUMBEL_SPREAD * temperature
+                floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf T
+                if tile_max >= floor:
+                    # in sub-tiles of GUMBEL_GRANULES, re-read from the cache: the random
+                    # numbers of a whole tile would not fit in registers
+                    for sub in tl.static_range(TILE_GRANULES // GUMBEL_GRANULES):
+                        sub_granule = (tile_start // _GRANULE + sub * GUMBEL_GRANULES
+                                       + tl.arange(0, GUMBEL_GRANULES))
+                        x_sub, sub_index, sub_valid = _granule_tile(row_ptr, end, sub_granule)
+                        sub_best, sub_best_index = _tile_gumbel_best(
+                            x_sub, sub_index, sub_granule, position, seed, temperature, floor)
+                        if sub_best > best:  # strictly: an earlier entry wins a tie
+                            best = sub_best
+                            best_index = sub_best_index
             else:
-                if block_max > best:  # greedy: the first index of the maximum
-                    best_index = tl.min(tl.where(x == block_max, index, _INDEX_NONE), axis=0)
-                    best = block_max
+                if tile_max > best:  # greedy: the first index of the maximum
+                    best_index = tl.min(tl.where(x == tile_max, index, _INDEX_NONE), axis=0)
+                    best = tile_max
 
         out = row * num_splits + split
         tl.store(partial_float_ptr + out * 4, run_max)
@@ -743,6 +706,147 @@ def _select_partials_kernel(
         tl.store(partial_float_ptr + out * 4 + 2, run_gap)
         tl.store(partial_float_ptr + out * 4 + 3, best)
         tl.store(partial_index_ptr + out, best_index)
+
+
+@triton.jit
+def _select_filter_kernel(
+    logits_ptr,  # [R, V], unit last stride
+    row_pos_ptr,  # [R] int64
+    temperature_ptr,  # [B] fp32
+    top_k_ptr,  # [B] int32
+    top_p_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
+    row_sequence_ptr,  # [R] int32 (from the scan)
+    granule_max_ptr,  # [R, num_granules] fp32 (from the scan)
+    candidate_ptr,  # [R, MAX_CANDIDATES] int32 scratch: candidate granule ids
+    floor_ptr,  # [R] fp32 out: the row drew from the entries x >= floor (top-k / top-p rows)
+    domain_ptr,  # [R] int32 out: granules the searches read, negative for the whole row
+    partial_float_ptr,  # [R, num_splits, 4] fp32: m, s from the scan; best value out
+    partial_index_ptr,  # [R, num_splits] int32: index of the best value out (split 0)
+    logits_row_stride,
+    vocab_size,
+    num_granules,
+    num_splits,
+    TILE: tl.constexpr,  # granules per search tile
+    LIST_BLOCK: tl.constexpr,  # granule maxima per step of the list scans
+    SPLIT_BLOCK: tl.constexpr,  # >= num_splits
+    NUM_PIVOTS: tl.constexpr,
+    MAX_CANDIDATES: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    sequence = tl.load(row_sequence_ptr + row)
+    temperature = tl.load(temperature_ptr + sequence, mask=sequence >= 0, other=0.0)
+    top_k = tl.load(top_k_ptr + sequence, mask=sequence >= 0, other=0)
+    top_p = tl.load(top_p_ptr + sequence, mask=sequence >= 0, other=1.0)
+    sampling, filtered = _row_mode(temperature, top_k, top_p, vocab_size)
+    if (sequence >= 0) & filtered:
+        seed = tl.load(seed_ptr + sequence)
+        position = tl.load(row_pos_ptr + row)
+        row_ptr = logits_ptr + row * logits_row_stride
+        granule_row = granule_max_ptr + row * num_granules
+        candidates = candidate_ptr + row * MAX_CANDIDATES
+        list_offsets = tl.arange(0, LIST_BLOCK)
+
+        row_max = tl.full([], float("-inf"), tl.float32)
+        for list_start in range(0, num_granules, LIST_BLOCK):
+            slot = list_start + list_offsets
+            granule_max = tl.load(granule_row + slot, mask=slot < num_granules,
+                                  other=float("-inf"))
+            row_max = tl.maximum(row_max, tl.max(granule_max))
+        floor = row_max - _GUMBEL_SPREAD * temperature
+        floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf temperature
+        top_k_on = (top_k > 0) & (top_k < vocab_size)
+        top_p_on = ~(top_p >= 1.0) & (row_max > float("-inf")) & (row_max < float("inf"))
+        top_p = tl.where(top_p == top_p, top_p, 0.0)  # a NaN top_p keeps only the maximum
+        max_key = _sortable_key(row_max)
+        floor_key = _sortable_key(floor)
+        no_list = tl.zeros([], tl.int1)
+        granule_domain = tl.cdiv(num_granules, _GRANULE)
+
+        # the row's softmax mass relative to row_max, from the scan (NaN if a NaN is in it)
+        parts = row * num_splits + tl.arange(0, SPLIT_BLOCK)
+        part_mask = tl.arange(0, SPLIT_BLOCK) < num_splits
+        part_max = tl.load(partial_float_ptr + parts * 4, mask=part_mask, other=float("-inf"))
+        part_sum = tl.load(partial_float_ptr + parts * 4 + 1, mask=part_mask, other=0.0)
+        row_mass = tl.sum(tl.where(part_mask, part_sum * tl.exp(part_max - row_max), 0.0))
+
+        # 1. a lower bound on the entries that matter, from the granule maxima
+        bound_key = floor_key
+        if top_k_on:
+            tau_key = _largest_key_reaching(
+                top_k, _sortable_key(tl.full([], float("-inf"), tl.float32)), max_key,
+                granule_row, num_granules, candidates, no_list, granule_domain, _NEG_INF,
+                row_max, False, TILE, NUM_PIVOTS)
+            bound_key = tl.where(top_p_on, tau_key, tl.maximum(tau_key, floor_key))
+        elif top_p_on:
+            bound_key = _largest_key_reaching(
+                top_p * row_mass, floor_key, max_key, granule_row, num_granules, candidates,
+                no_list, granule_domain, _NEG_INF, row_max, True, TILE, NUM_PIVOTS)
+        bound = _key_value(bound_key)
+
+        # 2. the candidate granules (maximum >= bound), listed in ascending order
+        count = tl.full([], 0, tl.int32)
+        for list_start in range(0, num_granules, LIST_BLOCK):
+            slot = list_start + list_offsets
+            granule_max = tl.load(granule_row + slot, mask=slot < num_granules,
+                                  other=float("-inf"))
+            flag = (slot < num_granules) & (granule_max >= bound)
+            place = count + tl.cumsum(flag.to(tl.int32), axis=0) - 1
+            tl.store(candidates + place, slot, mask=flag & (place < MAX_CANDIDATES))
+            count += tl.sum(flag.to(tl.int32))
+        tl.debug_barrier()  # the list is read back by other threads of this program
+        use_list = count <= MAX_CANDIDATES
+        if (top_p_on & ~top_k_on) & use_list:
+            # top-p alone uses the scan's mass; the bound holds iff the candidates' entries
+            # at or above it reach the target (it fails on rounding or on NaN rows)
+            pivots_at_bound, reached, lowest, highest = _measure(
+                tl.full([NUM_PIVOTS], 0.0, tl.float32) + bound, bound, bound, row_ptr,
+                vocab_size, candidates, use_list, count, _NEG_INF, row_max, True, TILE)
+
+            bound_holds = (bound_key == floor_key) | (reached >= top_p * row_mass)
+            use_list = bound_holds & (row_mass == row_mass)  # (this operand order: the
+            # interpreter rejects `&` on a float comparison's result on the left)
+        domain_size = tl.where(use_list, count, tl.cdiv(vocab_size, _GRANULE))
+
+        # 3. the exact thresholds over the domain
+        kth_value = tl.full([], float("-inf"), tl.float32)
+        if top_k_on:
+            kth_key = _largest_key_reaching(
+                top_k, bound_key, max_key, row_ptr, vocab_size, candidates, use_list,
+                domain_size, _NEG_INF, row_max, False, TILE, NUM_PIVOTS)
+            kth_value = _key_value(kth_key)
+            floor = tl.maximum(floor, kth_value)
+        if top_p_on:
+            total = row_mass
+            if top_k_on | ~use_list:
+                pivots_at_floor, total, lowest, highest = _measure(
+                    tl.full([NUM_PIVOTS], float("-inf"), tl.float32), _NEG_INF, _NEG_INF,
+                    row_ptr, vocab_size, candidates, use_list, domain_size, kth_value,
+                    row_max, True, TILE)
+            low_key = _sortable_key(floor)
+            low_key = tl.where(use_list, tl.maximum(low_key, bound_key), low_key)
+            cutoff_key = _largest_key_reaching(
+                top_p * total, low_key, max_key, row_ptr, vocab_size, candidates, use_list,
+                domain_size, kth_value, row_max, True, TILE, NUM_PIVOTS)
+            floor = tl.maximum(floor, _key_value(cutoff_key))
+
+        # 4. the Gumbel-max argmax over the domain's entries x >= floor (in index order)
+        best = tl.full([], float("-inf"), tl.float32)
+        best_index = tl.full([], _INDEX_NONE, tl.int32)
+        for tile_start in range(0, domain_size, TILE):
+            granule = _domain_granules(candidates, use_list, tile_start + tl.arange(0, TILE),
+                                       domain_size)
+            x, index, in_row = _granule_tile(row_ptr, vocab_size, granule)
+            if tl.max(x) >= floor:
+                tile_best, tile_index = _tile_gumbel_best(x, index, granule, position, seed,
+                                                          temperature, floor)
+                if tile_best > best:  # strictly: an earlier tile wins a tie
+                    best = tile_best
+                    best_index = tile_index
+        tl.store(floor_ptr + row, floor)
+        tl.store(domain_ptr + row, tl.where(use_list, domain_size, -domain_size))
+        tl.store(partial_float_ptr + row * num_splits * 4 + 3, best)
+        tl.store(partial_index_ptr + row * num_splits, best_index)
 
 
 @triton.jit
@@ -846,7 +950,7 @@ def _philox_gumbel_debug_kernel(
     seed_ptr,  # [N] int64
     position_ptr,  # [N] int64
     vocab_index_ptr,  # [N] int64
-    word_ptr,  # [N] int64 out: the first Philox output word
+    word_ptr,  # [N] int64 out: the random word of the vocabulary index
     gumbel_ptr,  # [N] fp32 out: the Gumbel noise of that word
     count,
     BLOCK: tl.constexpr,
@@ -857,8 +961,10 @@ def _philox_gumbel_debug_kernel(
     mask = index < count
     seed = tl.load(seed_ptr + index, mask=mask, other=0)
     position = tl.load(position_ptr + index, mask=mask, other=0)
-    vocab_index = tl.load(vocab_index_ptr + index, mask=mask, other=0).to(tl.uint32)
-    word = _philox_first_word(vocab_index, position, seed)
+    vocab_index = tl.load(vocab_index_ptr + index, mask=mask, other=0)
+    w0, w1, w2, w3 = _philox((vocab_index >> 2).to(tl.uint32), position, seed)
+    lane = vocab_index & 3
+    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
     tl.store(word_ptr + index, word.to(tl.int64), mask=mask)
     tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
 
@@ -877,21 +983,24 @@ def _gumbel_debug_kernel(
     tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
 
 
+
 # ----------------------------------------------------------------------------------------
 # Launcher.
 # ----------------------------------------------------------------------------------------
 
-# Tiles (entries per loop step): the one-pass kernel reads BLOCK_V logits per step on
-# greedy rows and SAMPLING_BLOCK_V on sampling rows (the random numbers of a step need
-# registers for the whole tile); the filter's search passes take FILTER_BLOCK logits times
-# NUM_PIVOTS pivots per step. Compiled for sm_90, both one-pass kernels take ~60 registers
-# per thread (8 warps), so four programs share a multiprocessor.
-_BLOCK_V = 4096
-_SAMPLING_BLOCK_V = 1024
-_FILTER_BLOCK = 1024
+# The scan reads SCAN_TILE_GRANULES * GRANULE logits per loop step (8 warps); the filter's
+# searches take FILTER_TILE granules times NUM_PIVOTS pivots per step and list the
+# candidates LIST_BLOCK granule maxima at a time.
+GRANULE = 64
+MAX_CANDIDATES = 256  # candidate granules the filter reads instead of the whole row
+_SCAN_TILE_GRANULES = 64
+_GUMBEL_GRANULES = 16
+_BLOCK_V = _SCAN_TILE_GRANULES * GRANULE
+_FILTER_TILE = 8
+_LIST_BLOCK = 1024
 _NUM_PIVOTS = 16
+_SCAN_WARPS = 8
 _FILTER_WARPS = 8
-_PARTIALS_WARPS = 8
 _SEQUENCES_WARPS = 4
 # Vocabulary split: enough programs to fill the GPU (PROGRAMS_PER_SM per multiprocessor)
 # when rows are few, each split covering at least MIN_SPLIT_BLOCKS tiles. The interpreter
@@ -907,9 +1016,15 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _sequence_block_rows(split_block: int) -> int:
-    """Rows per step of the per-sequence kernel: tiles of at most 1024 partials."""
-    return max(1, min(64, 1024 // split_block))
+_SCAN_CONSTEXPRS = {"TILE_GRANULES": _SCAN_TILE_GRANULES, "GUMBEL_GRANULES": _GUMBEL_GRANULES}
+_FILTER_CONSTEXPRS = {"TILE": _FILTER_TILE, "LIST_BLOCK": _LIST_BLOCK, "SPLIT_BLOCK": MAX_SPLITS,
+                      "NUM_PIVOTS": _NUM_PIVOTS}
+
+
+def _sequences_constexprs(split_block: int) -> dict:
+    """The per-sequence kernel's tile: ``split_block`` (next_power_of_2(num_splits))
+    partials for each of at most 1024 // split_block rows (at most 64)."""
+    return {"BLOCK_ROWS": max(1, min(64, 1024 // split_block)), "SPLIT_BLOCK": split_block}
 
 
 def default_num_splits(num_rows: int, vocab_size: int, device: torch.device) -> int:
@@ -937,24 +1052,35 @@ def split_plan(num_rows: int, vocab_size: int, device: torch.device,
 
 @dataclass
 class SelectWorkspace:
-    """Intermediate tensors of one :func:`select_tokens_into` call (contiguous)."""
+    """Intermediate tensors of one :func:`select_tokens_triton` call (contiguous)."""
 
     row_sequence: torch.Tensor  # [R] int32: sequence of each row, -1 for padding rows
-    floor: torch.Tensor  # [R] fp32: sampling rows draw from the entries x >= floor
+    floor: torch.Tensor  # [R] fp32: top-k / top-p rows drew from the entries x >= floor
+    domain: torch.Tensor  # [R] int32: top-k / top-p rows: candidate granules read, or
+    # minus the row's granules when the row was searched whole
     partial_float: torch.Tensor  # [R, num_splits, 4] fp32: m, s, t, best value per split
     partial_index: torch.Tensor  # [R, num_splits] int32: first index of the best value
+    granule_max: torch.Tensor  # [R, cdiv(V, GRANULE)] fp32: top-k / top-p rows
+    candidates: torch.Tensor  # [R, max_candidates] int32: candidate granules
 
     @classmethod
-    def empty(cls, num_rows: int, num_splits: int, device: torch.device) -> "SelectWorkspace":
-        """The four tensors as views of one allocation (one allocator call per op call)."""
-        sizes = (num_rows, num_rows, num_rows * num_splits * 4, num_rows * num_splits)
+    def empty(cls, num_rows: int, vocab_size: int, num_splits: int, device: torch.device,
+              max_candidates: int = MAX_CANDIDATES) -> "SelectWorkspace":
+        """The tensors as views of one allocation (one allocator call per op call)."""
+        num_granules = triton.cdiv(vocab_size, GRANULE)
+        sizes = (num_rows, num_rows, num_rows, num_rows * num_splits * 4,
+                 num_rows * num_splits, num_rows * num_granules, num_rows * max_candidates)
         buffer = torch.empty(sum(sizes), dtype=torch.int32, device=device)
-        row_sequence, floor, partial_float, partial_index = buffer.split(sizes)
+        row_sequence, floor, domain, partial_float, partial_index, granule_max, candidates = (
+            buffer.split(sizes))
         return cls(
             row_sequence,
             floor.view(torch.float32),
+            domain,
             partial_float.view(torch.float32).view(num_rows, num_splits, 4),
             partial_index.view(num_rows, num_splits),
+            granule_max.view(torch.float32).view(num_rows, num_granules),
+            candidates.view(num_rows, max_candidates),
         )
 
 
@@ -968,74 +1094,61 @@ def select_tokens_triton(
     threshold: torch.Tensor,
     penalty: torch.Tensor,
     seed: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton launcher of :func:`select_tokens` (arguments validated by the caller)."""
-    num_rows = logits.shape[0]
-    token = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-    selected = torch.empty(num_rows, dtype=torch.bool, device=logits.device)
-    entropy = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
-    select_tokens_into(
-        token, selected, entropy, logits, cu_rows, row_pos, temperature, top_k, top_p,
-        threshold, penalty, seed,
-    )
-    return token, selected, entropy
-
-
-def select_tokens_into(
-    token: torch.Tensor,
-    selected: torch.Tensor,
-    entropy: torch.Tensor,
-    logits: torch.Tensor,
-    cu_rows: torch.Tensor,
-    row_pos: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    threshold: torch.Tensor,
-    penalty: torch.Tensor,
-    seed: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     num_splits: int | None = None,
     workspace: SelectWorkspace | None = None,
-) -> None:
-    """The launches of :func:`select_tokens_triton`, writing every element of the given
-    contiguous ``[R]`` outputs. ``num_splits`` overrides the number of vocabulary splits
-    per row (results do not depend on it); ``workspace`` (shaped for the split count of
-    :func:`split_plan`) replaces the intermediate tensors. Tests use both."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton launcher of :func:`select_tokens` (arguments validated by the caller).
+
+    Keyword arguments, for tests and benchmarks (results depend on none of them): ``out``,
+    contiguous ``[R]`` (token, selected, entropy) tensors to write (every element) instead
+    of fresh ones; ``num_splits``, the number of vocabulary splits per row; ``workspace``,
+    the intermediate tensors (shaped for the split count of :func:`split_plan`; the width
+    of its ``candidates`` is how many candidate granules a top-k / top-p row may read
+    before it searches its whole row).
+    """
     num_rows, vocab_size = logits.shape
     num_sequences = cu_rows.shape[0] - 1
     device = logits.device
+    if out is None:
+        out = (torch.empty(num_rows, dtype=torch.int64, device=device),
+               torch.empty(num_rows, dtype=torch.bool, device=device),
+               torch.empty(num_rows, dtype=torch.float32, device=device))
+    token, selected, entropy = out
     if num_rows == 0:
-        return
+        return out
     num_splits, split_size = split_plan(num_rows, vocab_size, device, num_splits)
     if workspace is None:
-        workspace = SelectWorkspace.empty(num_rows, num_splits, device)
+        workspace = SelectWorkspace.empty(num_rows, vocab_size, num_splits, device)
+    num_granules = workspace.granule_max.shape[1]
     cu_rows, row_pos = cu_rows.contiguous(), row_pos.contiguous()
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
     threshold, penalty, seed = threshold.contiguous(), penalty.contiguous(), seed.contiguous()
 
-    _select_filter_kernel[(num_rows,)](
-        logits, cu_rows, row_pos, temperature, top_k, top_p, workspace.row_sequence,
-        workspace.floor, token, selected, entropy, logits.stride(0), vocab_size, num_sequences,
-        (num_sequences + 1).bit_length(),
-        BLOCK=_FILTER_BLOCK, NUM_PIVOTS=_NUM_PIVOTS, num_warps=_FILTER_WARPS,
+    _select_scan_kernel[(num_rows, num_splits)](
+        logits, cu_rows, row_pos, temperature, top_k, top_p, seed, workspace.row_sequence,
+        workspace.granule_max, workspace.partial_float, workspace.partial_index, token,
+        selected, entropy, logits.stride(0), vocab_size, num_sequences,
+        (num_sequences + 1).bit_length(), split_size, num_splits, num_granules,
+        **_SCAN_CONSTEXPRS, num_warps=_SCAN_WARPS,
     )
-    for sampling in (False, True):  # greedy rows, then sampling rows (each skips the other)
-        _select_partials_kernel[(num_rows, num_splits)](
-            logits, row_pos, temperature, seed, workspace.row_sequence, workspace.floor,
-            workspace.partial_float, workspace.partial_index, logits.stride(0), vocab_size,
-            split_size, num_splits,
-            SAMPLING=sampling, BLOCK_V=_SAMPLING_BLOCK_V if sampling else _BLOCK_V,
-            num_warps=_PARTIALS_WARPS,
-        )
+    _select_filter_kernel[(num_rows,)](
+        logits, row_pos, temperature, top_k, top_p, seed, workspace.row_sequence,
+        workspace.granule_max, workspace.candidates, workspace.floor, workspace.domain,
+        workspace.partial_float, workspace.partial_index, logits.stride(0), vocab_size,
+        num_granules, num_splits, **_FILTER_CONSTEXPRS,
+        MAX_CANDIDATES=workspace.candidates.shape[1], num_warps=_FILTER_WARPS,
+    )
     if num_sequences > 0:
         split_block = next_power_of_2(num_splits)
         _select_sequences_kernel[(num_sequences,)](
             cu_rows, row_pos, threshold, penalty, workspace.row_sequence,
             workspace.partial_float, workspace.partial_index, token, selected, entropy,
-            num_rows, num_splits,
-            BLOCK_ROWS=_sequence_block_rows(split_block), SPLIT_BLOCK=split_block,
+            num_rows, num_splits, **_sequences_constexprs(split_block),
             num_warps=_SEQUENCES_WARPS,
         )
+    return out
 
 
 _DEBUG_BLOCK = 1024
@@ -1045,7 +1158,7 @@ def philox_gumbel_triton(
     seed: torch.Tensor, position: torch.Tensor, vocab_index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampling kernel's random stream for ``[N]`` int64 (seed, position, vocabulary
-    index) triples: (first Philox word as int64, Gumbel noise fp32). For tests."""
+    index) triples: (random word as int64, Gumbel noise fp32). For tests."""
     count = seed.shape[0]
     word = torch.empty(count, dtype=torch.int64, device=seed.device)
     gumbel = torch.empty(count, dtype=torch.float32, device=seed.device)
@@ -1073,72 +1186,44 @@ def gumbel_from_bits_triton(words: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# Triton types of the kernels' pointer arguments (the logits' one is per dtype); every
+# other argument is an i32 scalar or a constexpr.
+_POINTER_ARGUMENTS = {
+    "cu_rows_ptr": "*i32", "row_pos_ptr": "*i64", "temperature_ptr": "*fp32",
+    "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "threshold_ptr": "*fp32",
+    "penalty_ptr": "*fp32", "seed_ptr": "*i64", "row_sequence_ptr": "*i32",
+    "granule_max_ptr": "*fp32", "candidate_ptr": "*i32", "floor_ptr": "*fp32",
+    "domain_ptr": "*i32", "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32",
+    "token_ptr": "*i64", "selected_ptr": "*i1", "entropy_ptr": "*fp32",
+}
 
 
-def _filter_variant(dtype: torch.dtype, block: int) -> KernelVariant:
+def _variant(name: str, kernel, dtype: torch.dtype | None, constexprs: dict,
+             num_warps: int) -> KernelVariant:
+    pointers = dict(_POINTER_ARGUMENTS, logits_ptr=POINTER_TYPES.get(dtype))
     signature = {
-        "logits_ptr": POINTER_TYPES[dtype], "cu_rows_ptr": "*i32", "row_pos_ptr": "*i64",
-        "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
-        "row_sequence_ptr": "*i32", "floor_ptr": "*fp32", "token_ptr": "*i64",
-        "selected_ptr": "*i1", "entropy_ptr": "*fp32", "logits_row_stride": "i32",
-        "vocab_size": "i32", "num_sequences": "i32", "search_steps": "i32",
-        "BLOCK": "constexpr", "NUM_PIVOTS": "constexpr",
+        argument: "constexpr" if argument in constexprs else pointers.get(argument, "i32")
+        for argument in inspect.signature(kernel.fn).parameters
     }
-    return KernelVariant(
-        name=f"filter_{_SHORT[dtype]}_block{block}",
-        kernel=_select_filter_kernel,
-        signature=signature,
-        constexprs={"BLOCK": block, "NUM_PIVOTS": _NUM_PIVOTS},
-        num_warps=_FILTER_WARPS,
-    )
-
-
-def _partials_variant(dtype: torch.dtype, block_v: int, sampling: bool) -> KernelVariant:
-    signature = {
-        "logits_ptr": POINTER_TYPES[dtype], "row_pos_ptr": "*i64", "temperature_ptr": "*fp32",
-        "seed_ptr": "*i64", "row_sequence_ptr": "*i32", "floor_ptr": "*fp32",
-        "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32",
-        "logits_row_stride": "i32", "vocab_size": "i32", "split_size": "i32",
-        "num_splits": "i32", "SAMPLING": "constexpr", "BLOCK_V": "constexpr",
-    }
-    return KernelVariant(
-        name=f"partials_{'sampling' if sampling else 'greedy'}_{_SHORT[dtype]}_block{block_v}",
-        kernel=_select_partials_kernel,
-        signature=signature,
-        constexprs={"SAMPLING": sampling, "BLOCK_V": block_v},
-        num_warps=_PARTIALS_WARPS,
-    )
-
-
-def _sequences_variant(split_block: int) -> KernelVariant:
-    signature = {
-        "cu_rows_ptr": "*i32", "row_pos_ptr": "*i64", "threshold_ptr": "*fp32", "penalty_ptr": "*fp32", "row_sequence_ptr": "*i32",
-        "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32", "token_ptr": "*i64",
-        "selected_ptr": "*i1", "entropy_ptr": "*fp32", "num_rows": "i32", "num_splits": "i32",
-        "BLOCK_ROWS": "constexpr", "SPLIT_BLOCK": "constexpr",
-    }
-    return KernelVariant(
-        name=f"sequences_splits{split_block}",
-        kernel=_select_sequences_kernel,
-        signature=signature,
-        constexprs={"BLOCK_ROWS": _sequence_block_rows(split_block), "SPLIT_BLOCK": split_block},
-        num_warps=_SEQUENCES_WARPS,
-    )
+    return KernelVariant(name=name, kernel=kernel, signature=signature, constexprs=constexprs,
+                         num_warps=num_warps)
 
 
 def kernel_variants() -> list[KernelVariant]:
-    """Every specialisation :func:`select_tokens_into` produces: the filter kernel and the
-    two one-pass kernels (greedy and sampling rows) per logits dtype, the per-sequence kernel
-    per power-of-two split count up to ``MAX_SPLITS``, and the two test kernels of the
-    random stream."""
+    """Every specialisation :func:`select_tokens_triton` produces: the scan and the filter
+    kernel per logits dtype, the per-sequence kernel per power-of-two split count up to
+    ``MAX_SPLITS``, and the two test kernels of the random stream."""
     variants = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        variants.append(_filter_variant(dtype, _FILTER_BLOCK))
-        variants.append(_partials_variant(dtype, _BLOCK_V, sampling=False))
-        variants.append(_partials_variant(dtype, _SAMPLING_BLOCK_V, sampling=True))
+        variants.append(_variant(f"scan_{_SHORT[dtype]}", _select_scan_kernel, dtype,
+                                 _SCAN_CONSTEXPRS, _SCAN_WARPS))
+        variants.append(_variant(f"filter_{_SHORT[dtype]}", _select_filter_kernel, dtype,
+                                 dict(_FILTER_CONSTEXPRS, MAX_CANDIDATES=MAX_CANDIDATES),
+                                 _FILTER_WARPS))
     split_block = 1
     while split_block <= MAX_SPLITS:
-        variants.append(_sequences_variant(split_block))
+        variants.append(_variant(f"sequences_splits{split_block}", _select_sequences_kernel,
+                                 None, _sequences_constexprs(split_block), _SEQUENCES_WARPS))
         split_block *= 2
     variants.append(KernelVariant(
         name="philox_gumbel_debug",

@@ -1,7 +1,7 @@
 """The Philox4x32-10 stream behind ``select_tokens`` sampling.
 
 The reference (pure Python and numpy) is pinned to the published Random123 known answers;
-the int64 torch implementation of ``wedlm_kernels.ops.select`` must reproduce the integer
+the int64 torch implementation of ``wedlm_kernels.ops.philox`` must reproduce the integer
 stream bit for bit, and its fp32 Gumbel noise must match the float64 one.
 """
 
@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reference import philox
-from wedlm_kernels.ops import select as select_ops
+from wedlm_kernels.ops import philox as stream
 
 MASK32 = 0xFFFFFFFF
 
@@ -55,7 +55,7 @@ def test_numpy_reference_matches_random123_known_answers(counter, key, expected)
 
 @pytest.mark.parametrize("counter,key,expected", RANDOM123_KAT)
 def test_torch_philox_matches_random123_known_answers(counter, key, expected):
-    words = select_ops.philox4x32_10(
+    words = stream.philox4x32_10(
         tuple(torch.tensor([c]) for c in counter), tuple(torch.tensor([k]) for k in key)
     )
     assert tuple(int(w[0]) for w in words) == expected
@@ -65,7 +65,7 @@ def test_stream_at_seed_zero_position_zero_is_the_zero_known_answer_word_by_word
     # key (0, 0) and counter (0, 0, 0, 0) serve indices 0..3: the four words of the first
     # known answer, in order; index 4 starts the next counter
     first_answer = list(RANDOM123_KAT[0][2])
-    bits = select_ops.philox_bits(torch.tensor([0]), torch.tensor([0]), 5)
+    bits = stream.philox_bits(torch.tensor([0]), torch.tensor([0]), 5)
     assert bits[0, :4].tolist() == first_answer
     assert [int(w) for w in philox.philox_word(0, 0, np.arange(4))] == first_answer
     assert int(bits[0, 4]) == philox.philox4x32_10((1, 0, 0, 0), (0, 0))[0]
@@ -84,7 +84,7 @@ def test_numpy_and_torch_philox_match_scalar_on_random_counters_and_keys(counter
         tuple(np.array([c[i] for c in counters], dtype=np.uint64) for i in range(4)),
         tuple(np.array([k[i] for k in keys], dtype=np.uint64) for i in range(2)),
     )
-    torch_words = select_ops.philox4x32_10(
+    torch_words = stream.philox4x32_10(
         tuple(torch.tensor([c[i] for c in counters]) for i in range(4)),
         tuple(torch.tensor([k[i] for k in keys]) for i in range(2)),
     )
@@ -108,7 +108,7 @@ def test_torch_stream_matches_reference_bit_for_bit(seeds, positions, vocab_size
     """Negative seeds (two's complement key), seeds and positions above 2**32 included."""
     rows = min(len(seeds), len(positions))
     seeds, positions = seeds[:rows], positions[:rows]
-    bits = select_ops.philox_bits(torch.tensor(seeds), torch.tensor(positions), vocab_size)
+    bits = stream.philox_bits(torch.tensor(seeds), torch.tensor(positions), vocab_size)
     assert bits.shape == (rows, vocab_size) and bits.dtype == torch.int64
     for r in range(rows):
         expected = philox.philox_word(seeds[r], positions[r], np.arange(vocab_size))
@@ -141,7 +141,7 @@ def test_uniform_lies_strictly_inside_the_unit_interval_on_the_odd_2_pow_minus_2
 def test_uniform_has_the_mean_and_variance_of_a_uniform_variable():
     seeds = torch.randint(-(2**62), 2**62, (100,))
     positions = torch.randint(0, 2**40, (100,))
-    bits = select_ops.philox_bits(seeds, positions, 1000)
+    bits = stream.philox_bits(seeds, positions, 1000)
     u = philox.uniform_from_word(bits.numpy().astype(np.uint64)).ravel()
     n = u.size
     # 6 standard errors: a false failure has probability about 2e-9 each.
@@ -153,7 +153,7 @@ def test_uniform_has_the_mean_and_variance_of_a_uniform_variable():
 def test_every_output_bit_is_set_half_of_the_time():
     seeds = torch.randint(-(2**62), 2**62, (50,))
     positions = torch.randint(0, 2**20, (50,))
-    bits = select_ops.philox_bits(seeds, positions, 2000).flatten()
+    bits = stream.philox_bits(seeds, positions, 2000).flatten()
     n = bits.numel()
     for bit in range(32):
         frequency = ((bits >> bit) & 1).double().mean().item()
@@ -167,7 +167,7 @@ def test_fp32_gumbel_matches_float64_including_the_extreme_words():
                   2**32 - 512, 2**32 - 257, 2**32 - 256, MASK32]
     random_words = torch.randint(0, 2**32, (5000,)).tolist()
     words = edge_words + random_words
-    actual = select_ops.gumbel_from_bits(torch.tensor(words))
+    actual = stream.gumbel_from_bits(torch.tensor(words))
     expected = torch.from_numpy(philox.gumbel_from_word(np.array(words, dtype=np.uint64)))
     assert actual.dtype == torch.float32
     assert torch.isfinite(actual).all()
@@ -179,6 +179,6 @@ def test_fp32_gumbel_matches_float64_including_the_extreme_words():
 @example(seed=-1, position=2**32 - 1, vocab_size=1)
 @example(seed=2**63 - 1, position=2**63 - 1, vocab_size=500)
 def test_philox_gumbel_matches_reference_gumbel(seed, position, vocab_size):
-    actual = select_ops.philox_gumbel(torch.tensor([seed]), torch.tensor([position]), vocab_size)
+    actual = stream.philox_gumbel(torch.tensor([seed]), torch.tensor([position]), vocab_size)
     expected = torch.from_numpy(philox.gumbel(seed, position, vocab_size))
     torch.testing.assert_close(actual[0].double(), expected, rtol=1e-6, atol=1e-6)

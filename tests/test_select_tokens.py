@@ -29,7 +29,7 @@ from tests.select_inputs import (
     top_p_sampling_batch,
 )
 from wedlm_kernels import _validate
-from wedlm_kernels.ops import select as select_ops
+from wedlm_kernels.ops.philox import philox_gumbel
 
 INF = float("inf")
 NAN = float("nan")
@@ -498,7 +498,7 @@ def test_greedy_ties_far_apart_take_the_first_index():
 
 
 def _pytorch_gumbel(seed, position, indices):
-    noise = select_ops.philox_gumbel(torch.tensor([seed]), torch.tensor([position]),
+    noise = philox_gumbel(torch.tensor([seed]), torch.tensor([position]),
                                      max(indices) + 1)
     return noise[0, list(indices)].tolist()
 

@@ -5,10 +5,9 @@ the entropy of each row's untempered softmax, the distance-adjusted entropy used
 which rows are committed this step, and a token for every row (greedy or top-k / top-p /
 temperature sampling by the Gumbel-max trick on a stateless Philox4x32-10 stream).
 
-The random stream depends only on (sequence seed, absolute position, vocabulary index), so
-tokens do not depend on batch composition, row order, step count or how a kernel splits
-the vocabulary. The Philox helpers below use plain int64 tensor arithmetic and are shared
-by every implementation that needs the stream.
+The random stream (wedlm_kernels/ops/philox.py) depends only on (sequence seed, absolute
+position, vocabulary index), so tokens do not depend on batch composition, row order, step
+count or how a kernel splits the vocabulary.
 """
 
 import functools
@@ -21,15 +20,9 @@ import triton.language as tl
 
 from .. import _dispatch, _validate
 from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
+from . import philox
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
-
-# Philox4x32-10 constants (Salmon et al., SC11): round multipliers and key increments.
-PHILOX_MULTIPLIER_0 = 0xD2511F53
-PHILOX_MULTIPLIER_1 = 0xCD9E8D57
-PHILOX_WEYL_0 = 0x9E3779B9
-PHILOX_WEYL_1 = 0xBB67AE85
-PHILOX_ROUNDS = 10
-MASK32 = 0xFFFFFFFF
+from .philox import gumbel_from_word, philox4x32_words, philox_gumbel
 
 
 def select_tokens(
@@ -118,83 +111,6 @@ def select_tokens(
     return _dispatch.call(
         "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed
     )
-
-
-# ----------------------------------------------------------------------------------------
-# Philox4x32-10 in int64 tensor arithmetic.
-#
-# Every 32-bit word is held in an int64 tensor with a value in [0, 2**32). The 32x32-bit
-# products of a round would need 64 unsigned bits, so the variable operand is split into
-# 16-bit halves: with a = a_hi * 2**16 + a_lo, t = a_hi * m and s = a_lo * m stay below
-# 2**48, and a * m = t * 2**16 + s gives
-#     low word  = ((t mod 2**16) * 2**16 + s) mod 2**32
-#     high word = (t + s // 2**16) // 2**16.
-# ----------------------------------------------------------------------------------------
-
-
-def _mul_hi_lo(word: torch.Tensor, multiplier: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """High and low 32-bit words of ``word * multiplier`` without int64 overflow."""
-    high_product = (word >> 16) * multiplier
-    low_product = (word & 0xFFFF) * multiplier
-    low = (((high_product & 0xFFFF) << 16) + low_product) & MASK32
-    high = (high_product + (low_product >> 16)) >> 16
-    return high, low
-
-
-def philox4x32_10(
-    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    key: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Philox4x32-10 on broadcastable int64 tensors holding 32-bit values (in [0, 2**32))."""
-    c0, c1, c2, c3 = counter
-    k0, k1 = key
-    for round_index in range(PHILOX_ROUNDS):
-        if round_index > 0:
-            k0 = (k0 + PHILOX_WEYL_0) & MASK32
-            k1 = (k1 + PHILOX_WEYL_1) & MASK32
-        hi0, lo0 = _mul_hi_lo(c0, PHILOX_MULTIPLIER_0)
-        hi1, lo1 = _mul_hi_lo(c2, PHILOX_MULTIPLIER_1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
-
-
-def philox_bits(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The random word of every (row, vocabulary index): ``[R, V]`` int64.
-
-    ``seed`` and ``position`` are ``[R]`` int64; the key is the seed's two 32-bit halves
-    (two's complement), the counter of index ``v`` is ``(v >> 2, position low, position high,
-    0)`` and its word is output ``v & 3``: one Philox call serves four consecutive indices.
-    """
-    seed = seed.unsqueeze(1)
-    position = position.unsqueeze(1)
-    quads = torch.arange((vocab_size + 3) // 4, device=seed.device, dtype=torch.int64)
-    counter = (quads.unsqueeze(0), position & MASK32, (position >> 32) & MASK32,
-               torch.zeros_like(position))
-    key = (seed & MASK32, (seed >> 32) & MASK32)
-    words = torch.stack(torch.broadcast_tensors(*philox4x32_10(counter, key)), dim=-1)
-    return words.flatten(-2)[:, :vocab_size]
-
-
-def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise ``-log(-log(u))``, ``u = ((bits >> 8) + 0.5) * 2**-24``, in fp32.
-
-    ``u`` has 25 significant bits, so in fp32 it is exact only below 1/2, where
-    ``(bits >> 8) < 2**23``; above, ``1 - u`` is exact instead. ``-log(u)`` is therefore
-    computed as ``-log(u)`` below 1/2 and ``-log1p(-(1 - u))`` above, accurate to a few fp32
-    ulps everywhere (rounding ``u`` itself would turn the largest ``u`` into 1 and
-    ``g`` into ``+inf``).
-    """
-    top = bits >> 8
-    lower_half = top < (1 << 23)
-    u_lower = (top.float() + 0.5) * 2.0**-24
-    one_minus_u_upper = ((1 << 24) - top).float().sub(0.5).mul(2.0**-24)
-    neg_log_u = torch.where(lower_half, -torch.log(u_lower), -torch.log1p(-one_minus_u_upper))
-    return -torch.log(neg_log_u)
-
-
-def philox_gumbel(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Gumbel noise of every (row, vocabulary index): ``[R, V]`` fp32."""
-    return gumbel_from_bits(philox_bits(seed, position, vocab_size))
 
 
 # ----------------------------------------------------------------------------------------
@@ -358,52 +274,41 @@ def select_tokens_fake(
 
 
 # ----------------------------------------------------------------------------------------
-# Triton kernels.
+# Triton kernels: three launches, none of which waits for the host.
 #
-# One call is three launches, none of which waits for the host:
+# 1. _select_scan_kernel, grid (row, vocabulary split), the one full pass over the logits,
+#    one tile at a time with scalar accumulators:
+#      - softmax statistics: running max m, s = sum exp(x - m), t = sum exp(x - m)(x - m)
+#        <= 0; a tile raising the max from m to m' rescales s <- s e^(m-m') and
+#        t <- e^(m-m') (t + (m - m') s). H = log(s) - t / s adds two non-negative terms;
+#      - greedy rows: the first index of the maximum (a tile that ties an earlier tile's
+#        maximum keeps the earlier index);
+#      - temperature-only rows: the Gumbel-max argmax of x / T + g. As g lies in
+#        [-2.86, 17.33], an entry more than GUMBEL_SPREAD * T below the (running) maximum
+#        cannot win, and a tile entirely below skips its random numbers;
+#      - top-k / top-p rows: the maximum of every GRANULE logits (NaN as -inf).
+# 2. _select_filter_kernel, one program per top-k / top-p row: the floor of the kept set
+#    (top-k keeps x >= the k-th largest value, ties included; top-p keeps x >= the cutoff c,
+#    the smallest value whose strictly larger survivors hold less than top_p of their
+#    softmax mass) raised to max - GUMBEL_SPREAD * T, then the Gumbel argmax over x >= floor.
+#    Both thresholds are the largest y with F(y) >= target, F(y) the sum over x >= y of a
+#    weight (1, target k; exp(x - max) over the top-k survivors, target top_p * their mass).
+#    F falls as y rises: a search over the order-preserving integer keys of fp32 values
+#    evaluates NUM_PIVOTS pivots per pass, shrinking the interval NUM_PIVOTS-fold (at most 8
+#    passes), or ends when one distinct value is left. Answers are data values, so ties are
+#    kept exactly like a sort would.
+#    The passes read candidate granules, not the row. The k largest granule maxima are k
+#    entries >= the k-th largest of them, tau: every top-k survivor is in a granule whose
+#    maximum is >= tau. For top-p alone, tau is the largest granule maximum whose granule
+#    maxima at or above it already reach the target (checked on the entries): nothing
+#    below tau is kept. With more than MAX_CANDIDATES candidates (ties, large k, flat
+#    top-p rows, rows with a NaN), the same code reads the whole row: exact either way.
+# 3. _select_sequences_kernel, one program per sequence: merges each row's partials, writes
+#    token and entropy, and applies the distance penalty, the strict threshold and the
+#    selection fallback.
 #
-# 1. _select_scan_kernel, grid (row, vocabulary split): the one full pass over the logits.
-#    Per split, one tile at a time with scalar accumulators:
-#      - softmax statistics: running max m, s = sum exp(x - m) and t = sum exp(x - m)(x - m)
-#        (t <= 0); when a tile raises the max from m to m', s <- s e^(m-m') and
-#        t <- e^(m-m') (t + (m - m') s). The entropy is H = log(s) - t / s: both terms are
-#        non-negative, so there is no cancellation.
-#      - greedy rows: the argmax, first index on ties (only a tile that raises the maximum
-#        is searched for its first maximal index; a tie with an earlier tile keeps the
-#        earlier index);
-#      - temperature-only sampling rows: the Gumbel-max argmax of x / T + g over every
-#        entry, where g in [-2.86, 17.33] comes from Philox4x32-10. An entry further than
-#        GUMBEL_SPREAD * T below the running maximum can never beat the maximum's score, so a
-#        tile entirely below that floor skips its random numbers (the floor only rises);
-#      - top-k / top-p rows: the maximum of every GRANULE consecutive logits (NaN as -inf).
-# 2. _select_filter_kernel, one program per top-k / top-p row: the row's floor, such that
-#    the sampled token is the Gumbel-max argmax over the entries x >= floor, then that
-#    argmax. The floor is the largest of the k-th largest logit (top-k keeps x >= it, ties
-#    included), the top-p cutoff (the smallest value c whose strictly larger survivors hold
-#    less than top_p of the survivors' softmax mass) and max(x) - GUMBEL_SPREAD * T.
-#    Both thresholds are "the largest y with F(y) >= target" for F(y) = sum over x >= y of a
-#    weight: the count for top-k (target k), the untempered softmax weight exp(x - max) of
-#    the top-k survivors for top-p (target top_p * total: a value is kept iff the mass
-#    strictly above it is below the target, and the kept set is an upper set of values).
-#    F falls as y rises, so a search over the order-preserving integer keys of fp32 values
-#    finds it exactly: each pass evaluates NUM_PIVOTS pivots at once and shrinks the key
-#    interval NUM_PIVOTS-fold, at most 8 passes for 32-bit keys; a pass that finds a single
-#    distinct value left ends the search. Every answer is a data value, so ties are kept
-#    exactly like a sort would.
-#    The passes run over candidate granules, not the row: the k largest granule maxima are
-#    k entries >= the k-th largest of them (tau), so the k-th largest logit is >= tau and
-#    every top-k survivor lies in a granule whose maximum is >= tau. For top-p alone, tau is
-#    the largest granule maximum whose granule maxima at or above it already hold top_p of
-#    the row's mass (the scan's s): no entry below tau is kept. When the candidates are few
-#    (<= MAX_CANDIDATES granules) the searches and the Gumbel argmax read only those; when
-#    they are not (ties, large k, a flat top-p row, a NaN in the row) the same code runs
-#    over the whole row: exact either way, in the same launch.
-# 3. _select_sequences_kernel, one program per sequence: merges the partials of each row,
-#    writes token and entropy, and applies the distance penalty, the strict threshold and
-#    the fallback of the selection rule.
-#
-# The random word of vocabulary index v is output v & 3 of one Philox call at counter
-# (v >> 2, position): the kernels evaluate Philox once per four entries.
+# The random word of vocabulary index v is output v & 3 of the Philox call at counter
+# (v >> 2, position): one call per four entries.
 # ----------------------------------------------------------------------------------------
 
 _NEG_INF = tl.constexpr(float("-inf"))
@@ -412,11 +317,6 @@ _INDEX_NONE = tl.constexpr(2**31 - 1)  # "no index yet" in argmax merges
 _GUMBEL_SPREAD = tl.constexpr(24.0)  # > max g - min g = 17.33 + 2.86, with margin
 _GRANULE = tl.constexpr(64)  # logits per granule; a tile is [granules, 64]
 _QUADS = tl.constexpr(16)  # Philox counters per granule (four words each)
-_PHILOX_MUL0 = tl.constexpr(PHILOX_MULTIPLIER_0)
-_PHILOX_MUL1 = tl.constexpr(PHILOX_MULTIPLIER_1)
-_PHILOX_KEY_STEP0 = tl.constexpr(PHILOX_WEYL_0)
-_PHILOX_KEY_STEP1 = tl.constexpr(PHILOX_WEYL_1)
-_PHILOX_ROUNDS = tl.constexpr(PHILOX_ROUNDS)
 
 
 @triton.jit
@@ -435,54 +335,11 @@ def _key_value(key):
 
 
 @triton.jit
-def _philox(quad, position, seed):
-    """Philox4x32-10 at counter (quad, position low, position high, 0) with key (seed low,
-    seed high): the four uint32 output words; quad is a uint32 tensor."""
-    c0 = quad
-    c1 = tl.zeros_like(quad) + position.to(tl.uint32)
-    c2 = tl.zeros_like(quad) + (position >> 32).to(tl.uint32)
-    c3 = tl.zeros_like(quad)
-    k0 = seed.to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    for round_index in tl.static_range(_PHILOX_ROUNDS):
-        if round_index > 0:
-            k0 = k0 + _PHILOX_KEY_STEP0
-            k1 = k1 + _PHILOX_KEY_STEP1
-        hi0 = tl.umulhi(c0, _PHILOX_MUL0)
-        lo0 = c0 * _PHILOX_MUL0
-        hi1 = tl.umulhi(c2, _PHILOX_MUL1)
-        lo1 = c2 * _PHILOX_MUL1
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _gumbel_from_word(word):
-    """g = -log(-log(u)), u = ((word >> 8) + 0.5) * 2^-24, in fp32 (see gumbel_from_bits).
-
-    Below u = 1/2, u is exact; above, 1 - u is exact and -log(u) = -log1p(-(1 - u)) with
-    log1p(y) = y * log(1 + y) / ((1 + y) - 1) (exact division of the rounding error out;
-    y itself when 1 + y rounds to 1)."""
-    top = (word >> 8).to(tl.int32)  # < 2^24
-    u_lower = (top.to(tl.float32) + 0.5) * 5.9604644775390625e-08
-    one_minus_u = ((16777216 - top).to(tl.float32) - 0.5) * 5.9604644775390625e-08
-    y = -tl.minimum(one_minus_u, 0.5)  # -(1 - u) where it is used (u > 1/2)
-    one_plus_y = 1.0 + y
-    rounded_to_one = one_plus_y == 1.0
-    denominator = tl.where(rounded_to_one, 1.0, one_plus_y - 1.0)
-    log1p_y = tl.where(
-        rounded_to_one, y, tl.math.div_rn(y * tl.log(one_plus_y), denominator)
-    )
-    neg_log_u = tl.where(top < 8388608, -tl.log(u_lower), -log1p_y)
-    return -tl.log(neg_log_u)
-
-
-@triton.jit
 def _gumbel_words(granule, position, seed):
     """The random words of the granules' entries, ``[G, 64]`` uint32 for ``[G]`` granules:
     one Philox call per four entries, its words interleaved back into vocabulary order."""
     quad = granule[:, None].to(tl.uint32) * _QUADS + tl.arange(0, _QUADS)[None, :].to(tl.uint32)
-    w0, w1, w2, w3 = _philox(quad, position, seed)
+    w0, w1, w2, w3 = philox4x32_words(quad, position, seed)
     return tl.interleave(tl.interleave(w0, w2), tl.interleave(w1, w3))
 
 
@@ -491,7 +348,7 @@ def _tile_gumbel_best(x, index, granule, position, seed, temperature, floor):
     """The best score x / T + g over a tile's entries with x >= floor (NaN-free x) and the
     first index holding it: (-inf, INDEX_NONE) when none."""
     word = _gumbel_words(granule, position, seed)
-    score = tl.math.div_rn(x, temperature) + _gumbel_from_word(word)
+    score = tl.math.div_rn(x, temperature) + gumbel_from_word(word)
     score = tl.where((x >= floor) & (score == score), score, _NEG_INF)
     best = tl.max(score)
     best_index = tl.min(tl.where(score == best, index, _INDEX_NONE))
@@ -802,7 +659,6 @@ def _select_filter_kernel(
             pivots_at_bound, reached, lowest, highest = _measure(
                 tl.full([NUM_PIVOTS], 0.0, tl.float32) + bound, bound, bound, row_ptr,
                 vocab_size, candidates, use_list, count, _NEG_INF, row_max, True, TILE)
-
             bound_holds = (bound_key == floor_key) | (reached >= top_p * row_mass)
             use_list = bound_holds & (row_mass == row_mass)  # (this operand order: the
             # interpreter rejects `&` on a float comparison's result on the left)
@@ -945,45 +801,6 @@ def _select_sequences_kernel(
     tl.store(selected_ptr + tl.where(fallback, choice, 0), fallback, mask=fallback)
 
 
-@triton.jit
-def _philox_gumbel_debug_kernel(
-    seed_ptr,  # [N] int64
-    position_ptr,  # [N] int64
-    vocab_index_ptr,  # [N] int64
-    word_ptr,  # [N] int64 out: the random word of the vocabulary index
-    gumbel_ptr,  # [N] fp32 out: the Gumbel noise of that word
-    count,
-    BLOCK: tl.constexpr,
-):
-    """The random stream of the sampling kernel for explicit (seed, position, v) triples,
-    for tests."""
-    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = index < count
-    seed = tl.load(seed_ptr + index, mask=mask, other=0)
-    position = tl.load(position_ptr + index, mask=mask, other=0)
-    vocab_index = tl.load(vocab_index_ptr + index, mask=mask, other=0)
-    w0, w1, w2, w3 = _philox((vocab_index >> 2).to(tl.uint32), position, seed)
-    lane = vocab_index & 3
-    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-    tl.store(word_ptr + index, word.to(tl.int64), mask=mask)
-    tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
-
-
-@triton.jit
-def _gumbel_debug_kernel(
-    word_ptr,  # [N] int64 holding 32-bit words
-    gumbel_ptr,  # [N] fp32 out
-    count,
-    BLOCK: tl.constexpr,
-):
-    """The Gumbel transform of the sampling kernel for explicit words, for tests."""
-    index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = index < count
-    word = tl.load(word_ptr + index, mask=mask, other=0).to(tl.uint32)
-    tl.store(gumbel_ptr + index, _gumbel_from_word(word), mask=mask)
-
-
-
 # ----------------------------------------------------------------------------------------
 # Launcher.
 # ----------------------------------------------------------------------------------------
@@ -1003,10 +820,8 @@ _SCAN_WARPS = 8
 _FILTER_WARPS = 8
 _SEQUENCES_WARPS = 4
 # Vocabulary split: enough programs to fill the GPU (PROGRAMS_PER_SM per multiprocessor)
-# when rows are few, each split covering at least MIN_SPLIT_BLOCKS tiles. The interpreter
-# gets a fixed target (it has no multiprocessors to fill).
+# when rows are few, each split at least one tile. The interpreter gets a fixed target.
 MAX_SPLITS = 128
-_MIN_SPLIT_BLOCKS = 1
 _PROGRAMS_PER_SM = 8
 _INTERPRETER_TARGET_PROGRAMS = 4
 
@@ -1034,7 +849,7 @@ def default_num_splits(num_rows: int, vocab_size: int, device: torch.device) -> 
         target = _PROGRAMS_PER_SM * _multiprocessor_count(index)
     else:
         target = _INTERPRETER_TARGET_PROGRAMS
-    most = min(MAX_SPLITS, triton.cdiv(vocab_size, _BLOCK_V * _MIN_SPLIT_BLOCKS))
+    most = min(MAX_SPLITS, triton.cdiv(vocab_size, _BLOCK_V))
     return max(1, min(most, triton.cdiv(target, max(num_rows, 1))))
 
 
@@ -1151,36 +966,6 @@ def select_tokens_triton(
     return out
 
 
-_DEBUG_BLOCK = 1024
-
-
-def philox_gumbel_triton(
-    seed: torch.Tensor, position: torch.Tensor, vocab_index: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampling kernel's random stream for ``[N]`` int64 (seed, position, vocabulary
-    index) triples: (random word as int64, Gumbel noise fp32). For tests."""
-    count = seed.shape[0]
-    word = torch.empty(count, dtype=torch.int64, device=seed.device)
-    gumbel = torch.empty(count, dtype=torch.float32, device=seed.device)
-    if count:
-        _philox_gumbel_debug_kernel[(triton.cdiv(count, _DEBUG_BLOCK),)](
-            seed.contiguous(), position.contiguous(), vocab_index.contiguous(), word, gumbel,
-            count, BLOCK=_DEBUG_BLOCK,
-        )
-    return word, gumbel
-
-
-def gumbel_from_bits_triton(words: torch.Tensor) -> torch.Tensor:
-    """The sampling kernel's Gumbel transform of ``[N]`` int64 32-bit words. For tests."""
-    count = words.shape[0]
-    gumbel = torch.empty(count, dtype=torch.float32, device=words.device)
-    if count:
-        _gumbel_debug_kernel[(triton.cdiv(count, _DEBUG_BLOCK),)](
-            words.contiguous(), gumbel, count, BLOCK=_DEBUG_BLOCK
-        )
-    return gumbel
-
-
 # ----------------------------------------------------------------------------------------
 # Kernel variants (compiled for sm_90 by the test suite).
 # ----------------------------------------------------------------------------------------
@@ -1225,19 +1010,5 @@ def kernel_variants() -> list[KernelVariant]:
         variants.append(_variant(f"sequences_splits{split_block}", _select_sequences_kernel,
                                  None, _sequences_constexprs(split_block), _SEQUENCES_WARPS))
         split_block *= 2
-    variants.append(KernelVariant(
-        name="philox_gumbel_debug",
-        kernel=_philox_gumbel_debug_kernel,
-        signature={"seed_ptr": "*i64", "position_ptr": "*i64", "vocab_index_ptr": "*i64",
-                   "word_ptr": "*i64", "gumbel_ptr": "*fp32", "count": "i32",
-                   "BLOCK": "constexpr"},
-        constexprs={"BLOCK": _DEBUG_BLOCK},
-    ))
-    variants.append(KernelVariant(
-        name="gumbel_debug",
-        kernel=_gumbel_debug_kernel,
-        signature={"word_ptr": "*i64", "gumbel_ptr": "*fp32", "count": "i32",
-                   "BLOCK": "constexpr"},
-        constexprs={"BLOCK": _DEBUG_BLOCK},
-    ))
+    variants += philox.kernel_variants()
     return variants

@@ -253,18 +253,18 @@ def check_against_torch(triton_out: tuple, torch_out: tuple, params: Params) -> 
 
 
 def filter_paths(args: tuple) -> dict:
-    """How the Triton filter kernel searched the top-k / top-p rows of ``args``: rows that
-    read only candidate granules, rows that searched their whole row (an untimed call)."""
+    """How the Triton filter kernel drew the top-k / top-p rows of ``args`` (an untimed
+    call): rows per path of ``select.PATH_NAMES``."""
     from wedlm_kernels.ops import select
 
     logits = args[0]
     num_splits, _ = select.split_plan(logits.shape[0], logits.shape[1], logits.device)
     workspace = select.SelectWorkspace.empty(logits.shape[0], logits.shape[1], num_splits,
                                              logits.device)
-    workspace.domain.zero_()
+    workspace.path.zero_()
     select.select_tokens_triton(*args, workspace=workspace)
-    domain = workspace.domain.cpu()
-    return {"candidate_rows": int((domain > 0).sum()), "whole_row_rows": int((domain < 0).sum())}
+    path = workspace.path.cpu()
+    return {name: int((path == code).sum()) for code, name in select.PATH_NAMES.items()}
 
 
 def run_case(sizes: Sizes, params: Params, num_rows: int, launchers: dict, timer: Timer,

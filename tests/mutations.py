@@ -144,8 +144,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "select-kernel-sampled-tile-tie-later-wins", SELECT,
-        (("if sub_best > best:  # strictly", "if sub_best >= best:  # strictly"),),
-        SELECT_KERNEL_TESTS, "a later 1024-entry sub-tile of the scan wins a tie of Gumbel scores",
+        (("ahead0 = (s0 > score) | ((s0 == score) & (i0 <= index))",
+          "ahead0 = (s0 > score) | ((s0 == score) & (i0 >= index))"),),
+        SELECT_KERNEL_TESTS, "a later entry of the scan wins a tie of Gumbel scores",
         keyword="sampled_tie_between_tiles",
     ),
     Mutation(
@@ -164,15 +165,19 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "select-kernel-filter-int32-row", SELECT,
-        (("row = tl.program_id(0).to(tl.int64)\n    sequence = tl.load(row_sequence_ptr + row)",
-          "row = tl.program_id(0)\n    sequence = tl.load(row_sequence_ptr + row)"),),
+        (("row = tl.program_id(0).to(tl.int64)\n    split = tl.program_id(1)\n"
+          "    sequence = tl.load(row_sequence_ptr + row)",
+          "row = tl.program_id(0)\n    split = tl.program_id(1)\n"
+          "    sequence = tl.load(row_sequence_ptr + row)"),),
         INT64_TESTS, "the filter kernel's row offset row * stride in int32",
         keyword="select_tokens",
     ),
     Mutation(
         "select-kernel-scan-int32-row", SELECT,
-        (("row = tl.program_id(0).to(tl.int64)\n    split = tl.program_id(1)",
-          "row = tl.program_id(0)\n    split = tl.program_id(1)"),),
+        (("row = tl.program_id(0).to(tl.int64)\n    split = tl.program_id(1)\n"
+          "    position = tl.load(row_pos_ptr + row)",
+          "row = tl.program_id(0)\n    split = tl.program_id(1)\n"
+          "    position = tl.load(row_pos_ptr + row)"),),
         INT64_TESTS, "the scan kernel's row offset row * stride in int32",
         keyword="select_tokens",
     ),
@@ -194,6 +199,20 @@ MUTATIONS: list[Mutation] = [
         "select-kernel-nan-row-trusts-the-scan-mass", SELECT,
         (("use_list = bound_holds & (row_mass == row_mass)", "use_list = bound_holds"),),
         SELECT_KERNEL_TESTS, "a top-p row holding a NaN searches its candidates with a NaN mass",
+        keyword="filter_path",
+    ),
+    Mutation(
+        "select-kernel-checked-draw-not-checked", SELECT,
+        (("first = tl.min(tl.where(kept, tl.arange(0, 4), 4))",
+          "first = tl.min(tl.where(drawn, tl.arange(0, 4), 4))"),),
+        SELECT_KERNEL_TESTS, "top-p alone takes the scan's best draw without its top-p check",
+        keyword="filter_path",
+    ),
+    Mutation(
+        "select-kernel-checked-mass-counts-one-split", SELECT,
+        (("                    above += tl.load(mass_above_ptr + (row * num_splits + other) * 4",
+          "                    above = tl.load(mass_above_ptr + (row * num_splits + other) * 4"),),
+        SELECT_KERNEL_TESTS, "the last program checks the draws against one split's mass",
         keyword="filter_path",
     ),
     Mutation(

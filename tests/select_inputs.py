@@ -184,7 +184,7 @@ def top_p_sampling_batch(row, top_p, count=64, seed=5):
                  [INF], [0.0], [seed])
 
 
-# vocabulary 3 * 4096 + 5 (the kernel's greedy tiles hold 4096 entries: four tiles, the last
+# vocabulary 3 * 4096 + 5 (the kernel's scan tiles hold 2048 entries: seven tiles, the last
 # partial) and groups of tied maxima in different tiles, on tile boundaries, in one tile
 GREEDY_TIE_VOCAB = 12293
 GREEDY_TIE_GROUPS = [(100, 4196), (4095, 4096), (5000, 12290), (7, 8200, 12292), (9, 10)]

@@ -99,8 +99,8 @@ def test_case_with_the_triton_launcher_checks_it_and_reports_speedups():
         bench.add_derived(case, 10.0)
         assert case["check"]["triton_vs_torch"]["ok"], case["check"]
         filtered = 0 < params.top_k < sizes.vocab or params.top_p < 1
-        assert case["filter_paths"] == {"candidate_rows": 2 if filtered else 0,
-                                        "whole_row_rows": 0}
+        assert case["filter_paths"] == {"candidates": 2 if filtered else 0, "whole row": 0,
+                                        "checked draws": 0}
         assert set(case["speedup"]) == {"triton_over_torch"} | (
             {"triton_over_engine"} if params.engine else set())
         for name, speedup in case["speedup"].items():

@@ -12,6 +12,7 @@ count or how a kernel splits the vocabulary.
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import torch
@@ -283,11 +284,12 @@ def select_tokens_fake(
 #        t <- e^(m-m') (t + (m - m') s). H = log(s) - t / s adds two non-negative terms;
 #      - greedy rows: the first index of the maximum (a tile that ties an earlier tile's
 #        maximum keeps the earlier index);
-#      - temperature-only rows: the Gumbel-max argmax of x / T + g. As g lies in
-#        [-2.86, 17.33], an entry more than GUMBEL_SPREAD * T below the (running) maximum
-#        cannot win, and a tile entirely below skips its random numbers;
+#      - sampling rows without top-k: the four best Gumbel-max scores x / T + g (score
+#        descending, index ascending), the first of which is a temperature-only row's
+#        token. As g lies in [-2.86, 17.33], an entry more than GUMBEL_SPREAD * T below
+#        the (running) maximum cannot win, and a tile entirely below skips its noise;
 #      - top-k / top-p rows: the maximum of every GRANULE logits (NaN as -inf).
-# 2. _select_filter_kernel, one program per top-k / top-p row: the floor of the kept set
+# 2. _select_filter_kernel, grid (row, split), for top-k / top-p rows: the floor of the kept set
 #    (top-k keeps x >= the k-th largest value, ties included; top-p keeps x >= the cutoff c,
 #    the smallest value whose strictly larger survivors hold less than top_p of their
 #    softmax mass) raised to max - GUMBEL_SPREAD * T, then the Gumbel argmax over x >= floor.
@@ -301,8 +303,14 @@ def select_tokens_fake(
 #    entries >= the k-th largest of them, tau: every top-k survivor is in a granule whose
 #    maximum is >= tau. For top-p alone, tau is the largest granule maximum whose granule
 #    maxima at or above it already reach the target (checked on the entries): nothing
-#    below tau is kept. With more than MAX_CANDIDATES candidates (ties, large k, flat
-#    top-p rows, rows with a NaN), the same code reads the whole row: exact either way.
+#    below tau is kept. Split 0 does this work.
+#    A top-p-alone row with more than MAX_CANDIDATES candidates (a flat row) is checked
+#    instead: its token is the first of the scan's four best draws whose mass strictly
+#    above is below the target (every other entry scores below all four). Each program
+#    sums those four masses over its split; the last of the row's programs to arrive (an
+#    atomic count) adds them up and decides. Rows whose four draws all fall outside top-p,
+#    and the other rows with too many candidates (ties, large k, rows with a NaN), run the
+#    searches over the whole row in one program: exact on every path.
 # 3. _select_sequences_kernel, one program per sequence: merges each row's partials, writes
 #    token and entropy, and applies the distance penalty, the strict threshold and the
 #    selection fallback.
@@ -344,15 +352,43 @@ def _gumbel_words(granule, position, seed):
 
 
 @triton.jit
-def _tile_gumbel_best(x, index, granule, position, seed, temperature, floor):
-    """The best score x / T + g over a tile's entries with x >= floor (NaN-free x) and the
-    first index holding it: (-inf, INDEX_NONE) when none."""
-    word = _gumbel_words(granule, position, seed)
-    score = tl.math.div_rn(x, temperature) + gumbel_from_word(word)
-    score = tl.where((x >= floor) & (score == score), score, _NEG_INF)
+def _tile_scores(x, granule, position, seed, temperature, floor):
+    """The Gumbel-max scores x / T + g of a tile's entries (NaN-free x), -inf below floor."""
+    score = tl.math.div_rn(x, temperature) + gumbel_from_word(_gumbel_words(granule, position,
+                                                                            seed))
+    return tl.where((x >= floor) & (score == score), score, _NEG_INF)
+
+
+@triton.jit
+def _first_best(score, index):
+    """The best score of a tile and the first index holding it (INDEX_NONE if -inf)."""
     best = tl.max(score)
     best_index = tl.min(tl.where(score == best, index, _INDEX_NONE))
     return best, tl.where(best > float("-inf"), best_index, _INDEX_NONE)
+
+
+@triton.jit
+def _vector4(a, b, c, d):
+    """The four scalars as a [4] tensor."""
+    lane = tl.arange(0, 4)
+    return tl.where(lane == 0, a, tl.where(lane == 1, b, tl.where(lane == 2, c, d)))
+
+
+@triton.jit
+def _insert_best4(s0, s1, s2, s3, i0, i1, i2, i3, score, index):
+    """Insert (score, index) into the four best (score, index) pairs, ordered by score
+    descending then index ascending; a -inf score with INDEX_NONE changes nothing."""
+    ahead0 = (s0 > score) | ((s0 == score) & (i0 <= index))
+    ahead1 = (s1 > score) | ((s1 == score) & (i1 <= index))
+    ahead2 = (s2 > score) | ((s2 == score) & (i2 <= index))
+    ahead3 = (s3 > score) | ((s3 == score) & (i3 <= index))
+    n3 = tl.where(ahead3, s3, tl.where(ahead2, score, s2))
+    j3 = tl.where(ahead3, i3, tl.where(ahead2, index, i2))
+    n2 = tl.where(ahead2, s2, tl.where(ahead1, score, s1))
+    j2 = tl.where(ahead2, i2, tl.where(ahead1, index, i1))
+    n1 = tl.where(ahead1, s1, tl.where(ahead0, score, s0))
+    j1 = tl.where(ahead1, i1, tl.where(ahead0, index, i0))
+    return (tl.where(ahead0, s0, score), n1, n2, n3, tl.where(ahead0, i0, index), j1, j2, j3)
 
 
 @triton.jit
@@ -439,12 +475,10 @@ def _largest_key_reaching(target, low_key, high_key, values_ptr, length, list_pt
 
 @triton.jit
 def _row_mode(temperature, top_k, top_p, vocab_size):
-    """(sampling, filtered): the row samples (temperature > 0 or NaN), and through top-k or
-    top-p (a NaN top_p is on: it keeps only the maximum)."""
+    """(sampling, top_k_on, top_p_on): the row samples (temperature > 0 or NaN), through
+    top-k, through top-p (a NaN top_p is on: it keeps only the maximum)."""
     sampling = ~(temperature <= 0.0)
-    top_k_on = (top_k > 0) & (top_k < vocab_size)
-    top_p_on = ~(top_p >= 1.0)
-    return sampling, sampling & (top_k_on | top_p_on)
+    return sampling, sampling & (top_k > 0) & (top_k < vocab_size), sampling & ~(top_p >= 1.0)
 
 
 @triton.jit
@@ -460,6 +494,9 @@ def _select_scan_kernel(
     granule_max_ptr,  # [R, num_granules] fp32 out (top-k / top-p rows)
     partial_float_ptr,  # [R, num_splits, 4] fp32 out: m, s, t, best value
     partial_index_ptr,  # [R, num_splits] int32 out: first index of the best value
+    top_score_ptr,  # [R, num_splits, 4] fp32 out: the four best Gumbel scores (no top-k)
+    top_index_ptr,  # [R, num_splits, 4] int32 out: their indices
+    arrivals_ptr,  # [R] int32 out: zeroed for the filter kernel's count of its programs
     token_ptr,  # [R] int64 out (padding rows only)
     selected_ptr,  # [R] bool out (padding rows only)
     entropy_ptr,  # [R] fp32 out (padding rows only)
@@ -495,6 +532,7 @@ def _select_scan_kernel(
     valid = in_sequences & (first_row <= row) & (row < end_row) & (position >= 0)
     if split == 0:
         tl.store(row_sequence_ptr + row, tl.where(valid, sequence, -1))
+        tl.store(arrivals_ptr + row, 0)
         if not valid:
             tl.store(token_ptr + row, tl.full([], 0, tl.int64))
             tl.store(selected_ptr + row, tl.full([], 0, tl.int1))
@@ -503,8 +541,10 @@ def _select_scan_kernel(
     if valid:
         temperature = tl.load(temperature_ptr + sequence)
         seed = tl.load(seed_ptr + sequence)
-        sampling, filtered = _row_mode(temperature, tl.load(top_k_ptr + sequence),
-                                       tl.load(top_p_ptr + sequence), vocab_size)
+        sampling, top_k_on, top_p_on = _row_mode(temperature, tl.load(top_k_ptr + sequence),
+                                                 tl.load(top_p_ptr + sequence), vocab_size)
+        filtered = top_k_on | top_p_on
+        draw = sampling & ~top_k_on  # the Gumbel scores here: temperature only, or top-p
         row_ptr = logits_ptr + row * logits_row_stride
         start = split * split_size
         end = tl.minimum(start + split_size, vocab_size)
@@ -515,8 +555,12 @@ def _select_scan_kernel(
         run_max = tl.full([], -3.4028234663852886e38, tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
         run_gap = tl.full([], 0.0, tl.float32)  # sum exp(x - m) * (x - m), <= 0
-        best = tl.full([], float("-inf"), tl.float32)  # greedy: max x; sampling: max score
+        best = tl.full([], float("-inf"), tl.float32)  # greedy: the maximum
         best_index = tl.full([], _INDEX_NONE, tl.int32)
+        s0 = tl.full([], float("-inf"), tl.float32)  # sampling: the four best scores
+        s1, s2, s3 = s0, s0, s0
+        i0 = tl.full([], _INDEX_NONE, tl.int32)
+        i1, i2, i3 = i0, i0, i0
         for tile_start in range(start, end, TILE_GRANULES * _GRANULE):
             index = tile_start + tl.arange(0, TILE_GRANULES * _GRANULE)
             x = tl.load(row_ptr + index, mask=index < end, other=float("-inf")).to(tl.float32)
@@ -537,27 +581,35 @@ def _select_scan_kernel(
                 x_granules = tl.reshape(tl.where(x == x, x, _NEG_INF), [TILE_GRANULES, _GRANULE])
                 tl.store(granule_max_ptr + row * num_granules + granule,
                          tl.max(x_granules, axis=1), mask=granule < num_granules)
-            elif sampling:
+            if draw:
                 floor = run_max - _GUMBEL_SPREAD * temperature
                 floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf T
                 if tile_max >= floor:
                     # in sub-tiles of GUMBEL_GRANULES, re-read from the cache: the random
                     # numbers of a whole tile would not fit in registers
-                    for sub in tl.static_range(TILE_GRANULES // GUMBEL_GRANULES):
+                    for sub in range(0, TILE_GRANULES // GUMBEL_GRANULES):
                         sub_granule = (tile_start // _GRANULE + sub * GUMBEL_GRANULES
                                        + tl.arange(0, GUMBEL_GRANULES))
                         x_sub, sub_index, sub_valid = _granule_tile(row_ptr, end, sub_granule)
-                        sub_best, sub_best_index = _tile_gumbel_best(
-                            x_sub, sub_index, sub_granule, position, seed, temperature, floor)
-                        if sub_best > best:  # strictly: an earlier entry wins a tie
-                            best = sub_best
-                            best_index = sub_best_index
-            else:
+                        score = _tile_scores(x_sub, sub_granule, position, seed, temperature,
+                                             floor)
+                        if tl.max(score) > s3:  # strictly: an earlier entry wins a tie
+                            for _rank in tl.static_range(4):  # the sub-tile's four best
+                                top, top_index = _first_best(score, sub_index)
+                                s0, s1, s2, s3, i0, i1, i2, i3 = _insert_best4(
+                                    s0, s1, s2, s3, i0, i1, i2, i3, top, top_index)
+                                score = tl.where(sub_index == top_index, _NEG_INF, score)
+            elif not sampling:
                 if tile_max > best:  # greedy: the first index of the maximum
                     best_index = tl.min(tl.where(x == tile_max, index, _INDEX_NONE), axis=0)
                     best = tile_max
 
         out = row * num_splits + split
+        if draw:
+            tl.store(top_score_ptr + out * 4 + tl.arange(0, 4), _vector4(s0, s1, s2, s3))
+            tl.store(top_index_ptr + out * 4 + tl.arange(0, 4), _vector4(i0, i1, i2, i3))
+            best = tl.where(filtered, float("-inf"), s0)  # the filter kernel draws top-p rows
+            best_index = i0
         tl.store(partial_float_ptr + out * 4, run_max)
         tl.store(partial_float_ptr + out * 4 + 1, run_sum)
         tl.store(partial_float_ptr + out * 4 + 2, run_gap)
@@ -575,14 +627,19 @@ def _select_filter_kernel(
     seed_ptr,  # [B] int64
     row_sequence_ptr,  # [R] int32 (from the scan)
     granule_max_ptr,  # [R, num_granules] fp32 (from the scan)
+    top_score_ptr,  # [R, num_splits, 4] fp32 (from the scan)
+    top_index_ptr,  # [R, num_splits, 4] int32 (from the scan)
+    arrivals_ptr,  # [R] int32: programs of the row done so far (zeroed by the scan)
+    mass_above_ptr,  # [R, num_splits, 4] fp32 scratch: mass above each drawn token, per split
     candidate_ptr,  # [R, MAX_CANDIDATES] int32 scratch: candidate granule ids
-    floor_ptr,  # [R] fp32 out: the row drew from the entries x >= floor (top-k / top-p rows)
-    domain_ptr,  # [R] int32 out: granules the searches read, negative for the whole row
+    floor_ptr,  # [R] fp32 out: the row drew from the entries x >= floor (paths 1 and 2)
+    path_ptr,  # [R] int32 out: 1 candidates, 2 whole row, 3 drawn tokens checked
     partial_float_ptr,  # [R, num_splits, 4] fp32: m, s from the scan; best value out
     partial_index_ptr,  # [R, num_splits] int32: index of the best value out (split 0)
     logits_row_stride,
     vocab_size,
     num_granules,
+    split_size,
     num_splits,
     TILE: tl.constexpr,  # granules per search tile
     LIST_BLOCK: tl.constexpr,  # granule maxima per step of the list scans
@@ -591,12 +648,13 @@ def _select_filter_kernel(
     MAX_CANDIDATES: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
     sequence = tl.load(row_sequence_ptr + row)
     temperature = tl.load(temperature_ptr + sequence, mask=sequence >= 0, other=0.0)
     top_k = tl.load(top_k_ptr + sequence, mask=sequence >= 0, other=0)
     top_p = tl.load(top_p_ptr + sequence, mask=sequence >= 0, other=1.0)
-    sampling, filtered = _row_mode(temperature, top_k, top_p, vocab_size)
-    if (sequence >= 0) & filtered:
+    sampling, top_k_on, top_p_asked = _row_mode(temperature, top_k, top_p, vocab_size)
+    if (sequence >= 0) & (top_k_on | top_p_asked):
         seed = tl.load(seed_ptr + sequence)
         position = tl.load(row_pos_ptr + row)
         row_ptr = logits_ptr + row * logits_row_stride
@@ -612,8 +670,7 @@ def _select_filter_kernel(
             row_max = tl.maximum(row_max, tl.max(granule_max))
         floor = row_max - _GUMBEL_SPREAD * temperature
         floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf temperature
-        top_k_on = (top_k > 0) & (top_k < vocab_size)
-        top_p_on = ~(top_p >= 1.0) & (row_max > float("-inf")) & (row_max < float("inf"))
+        top_p_on = top_p_asked & (row_max > float("-inf")) & (row_max < float("inf"))
         top_p = tl.where(top_p == top_p, top_p, 0.0)  # a NaN top_p keeps only the maximum
         max_key = _sortable_key(row_max)
         floor_key = _sortable_key(floor)
@@ -649,60 +706,114 @@ def _select_filter_kernel(
                                   other=float("-inf"))
             flag = (slot < num_granules) & (granule_max >= bound)
             place = count + tl.cumsum(flag.to(tl.int32), axis=0) - 1
-            tl.store(candidates + place, slot, mask=flag & (place < MAX_CANDIDATES))
+            tl.store(candidates + place, slot, mask=flag & (place < MAX_CANDIDATES) & (split == 0))
             count += tl.sum(flag.to(tl.int32))
         tl.debug_barrier()  # the list is read back by other threads of this program
         use_list = count <= MAX_CANDIDATES
-        if (top_p_on & ~top_k_on) & use_list:
-            # top-p alone uses the scan's mass; the bound holds iff the candidates' entries
-            # at or above it reach the target (it fails on rounding or on NaN rows)
-            pivots_at_bound, reached, lowest, highest = _measure(
-                tl.full([NUM_PIVOTS], 0.0, tl.float32) + bound, bound, bound, row_ptr,
-                vocab_size, candidates, use_list, count, _NEG_INF, row_max, True, TILE)
-            bound_holds = (bound_key == floor_key) | (reached >= top_p * row_mass)
-            use_list = bound_holds & (row_mass == row_mass)  # (this operand order: the
-            # interpreter rejects `&` on a float comparison's result on the left)
+
+        # 3. top-p alone over too many candidates: the scan drew the row's four best Gumbel
+        # scores; the best of them that top-p keeps (mass strictly above < top_p * mass) is
+        # the token, as every entry the scan did not list scores below all four. Every
+        # program sums the masses above them over its split; the last one to arrive decides.
+        # (every program of the row takes the same decisions: they read the same values)
+        checked = (top_p_on & ~top_k_on) & ~use_list & (row_mass < float("inf"))
+        finish = ~checked & (split == 0)
+        if checked:
+            s0 = tl.full([], float("-inf"), tl.float32)
+            s1, s2, s3 = s0, s0, s0
+            i0 = tl.full([], _INDEX_NONE, tl.int32)
+            i1, i2, i3 = i0, i0, i0
+            for other in range(0, num_splits):
+                listed = (row * num_splits + other) * 4 + tl.arange(0, 4)
+                score = tl.load(top_score_ptr + listed)
+                index = tl.load(top_index_ptr + listed)
+                for _rank in tl.static_range(4):
+                    top, top_index = _first_best(score, index)
+                    s0, s1, s2, s3, i0, i1, i2, i3 = _insert_best4(
+                        s0, s1, s2, s3, i0, i1, i2, i3, top, top_index)
+                    score = tl.where(index == top_index, _NEG_INF, score)
+            drawn_index = _vector4(i0, i1, i2, i3)
+            drawn = _vector4(s0, s1, s2, s3) > float("-inf")
+            value = tl.load(row_ptr + drawn_index, mask=drawn, other=float("inf")).to(tl.float32)
+            start = split * split_size
+            end = tl.minimum(start + split_size, vocab_size)
+            above = tl.zeros([4], tl.float32)
+            for tile_start in range(start, end, TILE * _GRANULE):
+                index = tile_start + tl.arange(0, TILE * _GRANULE)
+                x = tl.load(row_ptr + index, mask=index < end, other=float("-inf")).to(tl.float32)
+                weight = tl.exp(x - row_max)
+                above += tl.sum(tl.where(x[:, None] > value[None, :], weight[:, None], 0.0),
+                                axis=0)
+            tl.store(mass_above_ptr + (row * num_splits + split) * 4 + tl.arange(0, 4), above)
+            tl.debug_barrier()  # every thread's store lands before the arrival
+            if tl.atomic_add(arrivals_ptr + row, 1) == num_splits - 1:  # the last program
+                above = tl.zeros([4], tl.float32)
+                for other in range(0, num_splits):
+                    above += tl.load(mass_above_ptr + (row * num_splits + other) * 4
+                                     + tl.arange(0, 4), cache_modifier=".cg")
+                kept = drawn & ((above < top_p * row_mass) | (value == row_max))
+                first = tl.min(tl.where(kept, tl.arange(0, 4), 4))
+                if first < 4:
+                    tl.store(partial_float_ptr + row * num_splits * 4 + 3,
+                             tl.sum(tl.where(tl.arange(0, 4) == first, _vector4(s0, s1, s2, s3),
+                                             0.0)))
+                    tl.store(partial_index_ptr + row * num_splits,
+                             tl.sum(tl.where(tl.arange(0, 4) == first, drawn_index, 0)))
+                    tl.store(path_ptr + row, 3)
+                finish = first == 4  # none of the four is kept: search the whole row
         domain_size = tl.where(use_list, count, tl.cdiv(vocab_size, _GRANULE))
 
-        # 3. the exact thresholds over the domain
-        kth_value = tl.full([], float("-inf"), tl.float32)
-        if top_k_on:
-            kth_key = _largest_key_reaching(
-                top_k, bound_key, max_key, row_ptr, vocab_size, candidates, use_list,
-                domain_size, _NEG_INF, row_max, False, TILE, NUM_PIVOTS)
-            kth_value = _key_value(kth_key)
-            floor = tl.maximum(floor, kth_value)
-        if top_p_on:
-            total = row_mass
-            if top_k_on | ~use_list:
-                pivots_at_floor, total, lowest, highest = _measure(
-                    tl.full([NUM_PIVOTS], float("-inf"), tl.float32), _NEG_INF, _NEG_INF,
-                    row_ptr, vocab_size, candidates, use_list, domain_size, kth_value,
-                    row_max, True, TILE)
-            low_key = _sortable_key(floor)
-            low_key = tl.where(use_list, tl.maximum(low_key, bound_key), low_key)
-            cutoff_key = _largest_key_reaching(
-                top_p * total, low_key, max_key, row_ptr, vocab_size, candidates, use_list,
-                domain_size, kth_value, row_max, True, TILE, NUM_PIVOTS)
-            floor = tl.maximum(floor, _key_value(cutoff_key))
+        if finish:
+            if (top_p_on & ~top_k_on) & use_list:
+                # top-p alone uses the scan's mass; the bound holds iff the candidates'
+                # entries at or above it reach the target (it fails on rounding or NaN rows)
+                pivots_at_bound, reached, lowest, highest = _measure(
+                    tl.full([NUM_PIVOTS], 0.0, tl.float32) + bound, bound, bound, row_ptr,
+                    vocab_size, candidates, use_list, count, _NEG_INF, row_max, True, TILE)
+                bound_holds = (bound_key == floor_key) | (reached >= top_p * row_mass)
+                use_list = bound_holds & (row_mass == row_mass)  # (this operand order: the
+                # interpreter rejects `&` on a float comparison's result on the left)
+                domain_size = tl.where(use_list, count, tl.cdiv(vocab_size, _GRANULE))
 
-        # 4. the Gumbel-max argmax over the domain's entries x >= floor (in index order)
-        best = tl.full([], float("-inf"), tl.float32)
-        best_index = tl.full([], _INDEX_NONE, tl.int32)
-        for tile_start in range(0, domain_size, TILE):
-            granule = _domain_granules(candidates, use_list, tile_start + tl.arange(0, TILE),
-                                       domain_size)
-            x, index, in_row = _granule_tile(row_ptr, vocab_size, granule)
-            if tl.max(x) >= floor:
-                tile_best, tile_index = _tile_gumbel_best(x, index, granule, position, seed,
-                                                          temperature, floor)
-                if tile_best > best:  # strictly: an earlier tile wins a tie
-                    best = tile_best
-                    best_index = tile_index
-        tl.store(floor_ptr + row, floor)
-        tl.store(domain_ptr + row, tl.where(use_list, domain_size, -domain_size))
-        tl.store(partial_float_ptr + row * num_splits * 4 + 3, best)
-        tl.store(partial_index_ptr + row * num_splits, best_index)
+            # 4. the exact thresholds over the domain
+            kth_value = tl.full([], float("-inf"), tl.float32)
+            if top_k_on:
+                kth_key = _largest_key_reaching(
+                    top_k, bound_key, max_key, row_ptr, vocab_size, candidates, use_list,
+                    domain_size, _NEG_INF, row_max, False, TILE, NUM_PIVOTS)
+                kth_value = _key_value(kth_key)
+                floor = tl.maximum(floor, kth_value)
+            if top_p_on:
+                total = row_mass
+                if top_k_on | ~use_list:
+                    pivots_at_floor, total, lowest, highest = _measure(
+                        tl.full([NUM_PIVOTS], float("-inf"), tl.float32), _NEG_INF, _NEG_INF,
+                        row_ptr, vocab_size, candidates, use_list, domain_size, kth_value,
+                        row_max, True, TILE)
+                low_key = _sortable_key(floor)
+                low_key = tl.where(use_list, tl.maximum(low_key, bound_key), low_key)
+                cutoff_key = _largest_key_reaching(
+                    top_p * total, low_key, max_key, row_ptr, vocab_size, candidates, use_list,
+                    domain_size, kth_value, row_max, True, TILE, NUM_PIVOTS)
+                floor = tl.maximum(floor, _key_value(cutoff_key))
+
+            # 5. the Gumbel-max argmax over the domain's entries x >= floor (in index order)
+            best = tl.full([], float("-inf"), tl.float32)
+            best_index = tl.full([], _INDEX_NONE, tl.int32)
+            for tile_start in range(0, domain_size, TILE):
+                granule = _domain_granules(candidates, use_list,
+                                           tile_start + tl.arange(0, TILE), domain_size)
+                x, index, in_row = _granule_tile(row_ptr, vocab_size, granule)
+                if tl.max(x) >= floor:
+                    tile_best, tile_index = _first_best(
+                        _tile_scores(x, granule, position, seed, temperature, floor), index)
+                    if tile_best > best:  # strictly: an earlier tile wins a tie
+                        best = tile_best
+                        best_index = tile_index
+            tl.store(floor_ptr + row, floor)
+            tl.store(path_ptr + row, tl.where(use_list, 1, 2))
+            tl.store(partial_float_ptr + row * num_splits * 4 + 3, best)
+            tl.store(partial_index_ptr + row * num_splits, best_index)
 
 
 @triton.jit
@@ -810,7 +921,7 @@ def _select_sequences_kernel(
 # candidates LIST_BLOCK granule maxima at a time.
 GRANULE = 64
 MAX_CANDIDATES = 256  # candidate granules the filter reads instead of the whole row
-_SCAN_TILE_GRANULES = 64
+_SCAN_TILE_GRANULES = 32
 _GUMBEL_GRANULES = 16
 _BLOCK_V = _SCAN_TILE_GRANULES * GRANULE
 _FILTER_TILE = 8
@@ -867,36 +978,43 @@ def split_plan(num_rows: int, vocab_size: int, device: torch.device,
 
 @dataclass
 class SelectWorkspace:
-    """Intermediate tensors of one :func:`select_tokens_triton` call (contiguous)."""
+    """Intermediate tensors of one :func:`select_tokens_triton` call (contiguous int32 or
+    fp32 views of one allocation, one allocator call per op call)."""
 
     row_sequence: torch.Tensor  # [R] int32: sequence of each row, -1 for padding rows
-    floor: torch.Tensor  # [R] fp32: top-k / top-p rows drew from the entries x >= floor
-    domain: torch.Tensor  # [R] int32: top-k / top-p rows: candidate granules read, or
-    # minus the row's granules when the row was searched whole
+    floor: torch.Tensor  # [R] fp32: paths 1 and 2 drew from the entries x >= floor
+    path: torch.Tensor  # [R] int32: how a top-k / top-p row was drawn (PATH_NAMES)
+    arrivals: torch.Tensor  # [R] int32: the filter's programs done per row
     partial_float: torch.Tensor  # [R, num_splits, 4] fp32: m, s, t, best value per split
     partial_index: torch.Tensor  # [R, num_splits] int32: first index of the best value
+    top_score: torch.Tensor  # [R, num_splits, 4] fp32: the scan's four best Gumbel scores
+    top_index: torch.Tensor  # [R, num_splits, 4] int32: their indices
+    mass_above: torch.Tensor  # [R, num_splits, 4] fp32: the mass above them, per split
     granule_max: torch.Tensor  # [R, cdiv(V, GRANULE)] fp32: top-k / top-p rows
     candidates: torch.Tensor  # [R, max_candidates] int32: candidate granules
 
     @classmethod
     def empty(cls, num_rows: int, vocab_size: int, num_splits: int, device: torch.device,
               max_candidates: int = MAX_CANDIDATES) -> "SelectWorkspace":
-        """The tensors as views of one allocation (one allocator call per op call)."""
-        num_granules = triton.cdiv(vocab_size, GRANULE)
-        sizes = (num_rows, num_rows, num_rows, num_rows * num_splits * 4,
-                 num_rows * num_splits, num_rows * num_granules, num_rows * max_candidates)
-        buffer = torch.empty(sum(sizes), dtype=torch.int32, device=device)
-        row_sequence, floor, domain, partial_float, partial_index, granule_max, candidates = (
-            buffer.split(sizes))
-        return cls(
-            row_sequence,
-            floor.view(torch.float32),
-            domain,
-            partial_float.view(torch.float32).view(num_rows, num_splits, 4),
-            partial_index.view(num_rows, num_splits),
-            granule_max.view(torch.float32).view(num_rows, num_granules),
-            candidates.view(num_rows, max_candidates),
-        )
+        shapes = {
+            "row_sequence": (num_rows,), "floor": (num_rows,), "path": (num_rows,),
+            "arrivals": (num_rows,), "partial_float": (num_rows, num_splits, 4),
+            "partial_index": (num_rows, num_splits), "top_score": (num_rows, num_splits, 4),
+            "top_index": (num_rows, num_splits, 4), "mass_above": (num_rows, num_splits, 4),
+            "granule_max": (num_rows, triton.cdiv(vocab_size, GRANULE)),
+            "candidates": (num_rows, max_candidates),
+        }
+        floats = {"floor", "partial_float", "top_score", "mass_above", "granule_max"}
+        sizes = [math.prod(shape) for shape in shapes.values()]
+        parts = torch.empty(sum(sizes), dtype=torch.int32, device=device).split(sizes)
+        return cls(**{
+            name: (part.view(torch.float32) if name in floats else part).view(shape)
+            for (name, shape), part in zip(shapes.items(), parts)
+        })
+
+
+# The ``path`` codes of a top-k / top-p row.
+PATH_NAMES = {1: "candidates", 2: "whole row", 3: "checked draws"}
 
 
 def select_tokens_triton(
@@ -941,19 +1059,20 @@ def select_tokens_triton(
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
     threshold, penalty, seed = threshold.contiguous(), penalty.contiguous(), seed.contiguous()
 
+    w = workspace
     _select_scan_kernel[(num_rows, num_splits)](
-        logits, cu_rows, row_pos, temperature, top_k, top_p, seed, workspace.row_sequence,
-        workspace.granule_max, workspace.partial_float, workspace.partial_index, token,
-        selected, entropy, logits.stride(0), vocab_size, num_sequences,
+        logits, cu_rows, row_pos, temperature, top_k, top_p, seed, w.row_sequence,
+        w.granule_max, w.partial_float, w.partial_index, w.top_score, w.top_index, w.arrivals,
+        token, selected, entropy, logits.stride(0), vocab_size, num_sequences,
         (num_sequences + 1).bit_length(), split_size, num_splits, num_granules,
         **_SCAN_CONSTEXPRS, num_warps=_SCAN_WARPS,
     )
-    _select_filter_kernel[(num_rows,)](
-        logits, row_pos, temperature, top_k, top_p, seed, workspace.row_sequence,
-        workspace.granule_max, workspace.candidates, workspace.floor, workspace.domain,
-        workspace.partial_float, workspace.partial_index, logits.stride(0), vocab_size,
-        num_granules, num_splits, **_FILTER_CONSTEXPRS,
-        MAX_CANDIDATES=workspace.candidates.shape[1], num_warps=_FILTER_WARPS,
+    _select_filter_kernel[(num_rows, num_splits)](
+        logits, row_pos, temperature, top_k, top_p, seed, w.row_sequence, w.granule_max,
+        w.top_score, w.top_index, w.arrivals, w.mass_above, w.candidates, w.floor, w.path,
+        w.partial_float, w.partial_index, logits.stride(0), vocab_size, num_granules,
+        split_size, num_splits, **_FILTER_CONSTEXPRS,
+        MAX_CANDIDATES=w.candidates.shape[1], num_warps=_FILTER_WARPS,
     )
     if num_sequences > 0:
         split_block = next_power_of_2(num_splits)
@@ -978,7 +1097,9 @@ _POINTER_ARGUMENTS = {
     "top_k_ptr": "*i32", "top_p_ptr": "*fp32", "threshold_ptr": "*fp32",
     "penalty_ptr": "*fp32", "seed_ptr": "*i64", "row_sequence_ptr": "*i32",
     "granule_max_ptr": "*fp32", "candidate_ptr": "*i32", "floor_ptr": "*fp32",
-    "domain_ptr": "*i32", "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32",
+    "path_ptr": "*i32", "partial_float_ptr": "*fp32", "partial_index_ptr": "*i32",
+    "top_score_ptr": "*fp32", "top_index_ptr": "*i32", "arrivals_ptr": "*i32",
+    "mass_above_ptr": "*fp32",
     "token_ptr": "*i64", "selected_ptr": "*i1", "entropy_ptr": "*fp32",
 }
 

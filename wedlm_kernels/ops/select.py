@@ -7,7 +7,8 @@ temperature sampling by the Gumbel-max trick on a stateless Philox4x32-10 stream
 
 The random stream (wedlm_kernels/ops/philox.py) depends only on (sequence seed, absolute
 position, vocabulary index), so tokens do not depend on batch composition, row order, step
-count or how a kernel splits the vocabulary.
+count or how a kernel splits the vocabulary, apart from decisions within fp32 rounding of a
+top-p boundary (docs/contracts.md, "Precision of the token").
 """
 
 import functools

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import wedlm_kernels as wk
 from reference.window import commit_window as commit_reference
 from reference.window import reorder_window as reorder_reference
-from wedlm_kernels import _validate
+from wedlm_kernels import _backend
 
 MASK = 99
 SENTINEL = -5
@@ -369,7 +369,7 @@ def test_degenerate_sizes_match_reference(batch, window, capacity, rows, stops):
 
 
 def test_zero_slot_window_finishes_only_at_the_limit(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", False)  # win_len > S: defined behaviour (n = 0)
+    monkeypatch.setattr(_backend, "DEBUG", False)  # win_len > S: defined behaviour (n = 0)
     args = [
         torch.zeros(2, 0, dtype=torch.int64), torch.zeros(2, 0, dtype=torch.bool), _i32([3, 3]),
         _i32([4, 4]), _i32([0, 0, 0]), torch.zeros(0, dtype=torch.int64),
@@ -580,7 +580,7 @@ def test_mixed_devices_are_a_value_error():
     ],
 )
 def test_debug_mode_rejects_out_of_range_values(monkeypatch, index, bad, message):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     wk.commit_window(*_valid_args())
     args = _valid_args()
     args[index] = bad
@@ -589,7 +589,7 @@ def test_debug_mode_rejects_out_of_range_values(monkeypatch, index, bad, message
 
 
 def test_debug_mode_accepts_duplicates_that_are_not_selected_or_outside_sequences(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     args = _valid_args()
     args[5] = torch.tensor([11, 13, 13])  # the third row is not selected
     wk.commit_window(*args)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import wedlm_kernels as wk
 from reference import attention as ref
 from tests.attention_inputs import padded, uneven_packed_case
-from wedlm_kernels import _validate
+from wedlm_kernels import _backend
 
 # the op and the reference in the padded form [B, S, Hq, D] with q_len rows per sequence
 # (two padding rows after the packed rows, which must come back as zeros)
@@ -358,13 +358,13 @@ def test_paged_attention_rejects_tensors_on_different_devices():
     ],
 )
 def test_debug_mode_rejects_uncovered_or_out_of_range_values(monkeypatch, override, name):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     with pytest.raises(ValueError, match=name):
         wk.paged_attention(**_valid_args(**override))
 
 
 def test_debug_mode_accepts_unused_page_table_entries(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     wk.paged_attention(**_valid_args(block_table=_table([0, 1, 2, -1], 2),
                                      query_start=_lengths([0, 3, 4])))
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference.window import reorder_window as reorder_reference
-from wedlm_kernels import _validate
+from wedlm_kernels import _backend
 
 MASK = 99
 OUTPUTS = ("input_ids", "positions", "slot_mapping", "order", "query_start", "n_filled")
@@ -182,7 +182,7 @@ def test_slots_past_win_len_are_never_read(reorder):
 
 
 def test_win_len_is_clamped_to_zero_and_the_capacity(reorder, monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", False)  # out-of-range values, defined behaviour
+    monkeypatch.setattr(_backend, "DEBUG", False)  # out-of-range values, defined behaviour
     win_tokens = torch.tensor([[MASK, 1, 2], [MASK, 1, 2]])
     block_table = _i32([[0, 1], [2, 3]])
     ids, positions, slots, order, query_start, n_filled = reorder(
@@ -197,7 +197,7 @@ def test_win_len_is_clamped_to_zero_and_the_capacity(reorder, monkeypatch):
 
 
 def test_rows_past_num_rows_are_dropped_and_query_start_is_clamped(reorder, monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", False)  # too few rows: defined behaviour
+    monkeypatch.setattr(_backend, "DEBUG", False)  # too few rows: defined behaviour
     win_tokens = torch.tensor([[1, MASK, 2], [3, 4, MASK]])
     block_table = _i32([[0, 1], [2, 3]])
     ids, _, slots, _, query_start, n_filled = reorder(
@@ -295,8 +295,9 @@ def test_mixed_devices_are_a_value_error():
 
 def test_debug_mode_rejects_win_len_above_capacity_negative_ctx_len_and_too_few_rows(
         monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     args = _valid_args()
+    args[4] = torch.arange(2 * 12, dtype=torch.int32).view(2, 12)  # pages for 40 + 6 slots
     wk.reorder_window(*args)
     args[2] = _i32([7, 1])
     with pytest.raises(ValueError, match="win_len"):
@@ -307,3 +308,22 @@ def test_debug_mode_rejects_win_len_above_capacity_negative_ctx_len_and_too_few_
     args[3], args[6] = _i32([0, 1]), 6
     with pytest.raises(ValueError, match="num_rows"):
         wk.reorder_window(*args)
+
+
+def test_debug_mode_rejects_a_block_table_without_a_page_for_every_window_position(
+        monkeypatch):
+    """ctx_len + win_len positions need that many pages of the sequence's block_table row,
+    each with an id >= 0; without debug mode the writes past them are dropped (slot -1)."""
+    monkeypatch.setattr(_backend, "DEBUG", True)
+    tokens, mask = torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, 4, dtype=torch.bool)
+    win_len, ctx_len = _i32([4, 2]), _i32([5, 0])  # 9 and 2 positions: 3 and 1 pages of 4
+    table = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32)  # page 2 of b=1 unused
+    wk.reorder_window(tokens, mask, win_len, ctx_len, table, 4, 6)
+    with pytest.raises(ValueError, match="`block_table` has 2 pages per sequence, too few"):
+        wk.reorder_window(tokens, mask, win_len, ctx_len, table[:, :2], 4, 6)
+    missing = torch.tensor([[0, -1, 2], [3, 4, 5]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="page id >= 0 for every page the window writes"):
+        wk.reorder_window(tokens, mask, win_len, ctx_len, missing, 4, 6)
+    monkeypatch.setattr(_backend, "DEBUG", False)
+    slot_mapping = wk.reorder_window(tokens, mask, win_len, ctx_len, table[:, :2], 4, 6)[2]
+    assert slot_mapping.tolist() == [5, 6, 7, -1, 12, 13]  # position 8 has no page

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import wedlm_kernels as wk
 from reference import rope as ref
 from tests.rope_inputs import eps_dominated_case
-from wedlm_kernels import _validate
+from wedlm_kernels import _backend
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -464,11 +464,11 @@ def test_rope_kv_append_rejects_tensors_on_different_devices():
     ],
 )
 def test_debug_mode_rejects_out_of_range_values(monkeypatch, override, name):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     with pytest.raises(ValueError, match=name):
         wk.rope_kv_append(**_valid_args(**override))
 
 
 def test_debug_mode_accepts_padding_slots(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     wk.rope_kv_append(**_valid_args(slot_mapping=torch.tensor([-1, 3, -1])))

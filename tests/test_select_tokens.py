@@ -28,7 +28,7 @@ from tests.select_inputs import (
     sampled_tie_batch,
     top_p_sampling_batch,
 )
-from wedlm_kernels import _validate
+from wedlm_kernels import _backend
 from wedlm_kernels.ops.philox import philox_gumbel
 
 INF = float("inf")
@@ -622,7 +622,7 @@ def test_inputs_are_not_modified_and_outputs_are_fresh():
 
 
 def test_out_of_range_cu_rows_do_not_crash_without_debug_checks(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", False)
+    monkeypatch.setattr(_backend, "DEBUG", False)
     for cu_rows in ([3, 1, 9], [-4, 2, 2], [0, 2, 100]):
         args = batch(torch.randn(4, 9), cu_rows, [1, 2, 3, 4], [0.0, 1.0], [0, 0],
                      [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1, 2])
@@ -706,7 +706,7 @@ def test_logits_without_unit_last_stride_are_rejected():
     ([0, 3, 2], "non-decreasing"), ([-1, 1, 4], "cu_rows\\[0\\]"), ([0, 1, 5], "cu_rows\\[-1\\]"),
 ])
 def test_debug_mode_checks_cu_rows_values(monkeypatch, cu_rows, message):
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     with pytest.raises(ValueError, match=message):
         wk.select_tokens(*_replace("cu_rows", i32(*cu_rows)))
     wk.select_tokens(*_valid_args())  # valid values pass

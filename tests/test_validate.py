@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from wedlm_kernels import _validate
+import wedlm_kernels as wk
+from wedlm_kernels import _backend, _validate
 from wedlm_kernels._validate import Dims, check_float, check_int, check_same_device, check_tensor
 
 
@@ -66,10 +67,29 @@ def test_scalar_checks():
         check_float("eps", 0.0, positive=True)
 
 
+def test_setting_wedlm_kernels_debug_switches_the_value_checks(monkeypatch):
+    """The package attribute is the setting the checks read at every call, not a copy."""
+    monkeypatch.setattr(_backend, "DEBUG", False)
+    decreasing = torch.tensor([0, 2, 1], dtype=torch.int32)
+    args = (torch.zeros(2, 5), decreasing, torch.tensor([3, 4]), torch.zeros(2),
+            torch.zeros(2, dtype=torch.int32), torch.ones(2), torch.zeros(2), torch.zeros(2),
+            torch.zeros(2, dtype=torch.int64))
+    assert wk.DEBUG is False
+    wk.select_tokens(*args)  # defined behaviour without debug checks
+    wk.DEBUG = True
+    assert _backend.DEBUG is True and wk.DEBUG is True
+    with pytest.raises(ValueError, match="cu_rows must be non-decreasing"):
+        wk.select_tokens(*args)
+    wk.DEBUG = False
+    wk.select_tokens(*args)
+    with pytest.raises(TypeError, match="wedlm_kernels.DEBUG must be a bool, got str"):
+        wk.DEBUG = "1"
+
+
 def test_debug_checks_only_run_in_debug_mode(monkeypatch):
-    monkeypatch.setattr(_validate, "DEBUG", False)
+    monkeypatch.setattr(_backend, "DEBUG", False)
     _validate.debug_check(torch.tensor([False]), "never raised")
-    monkeypatch.setattr(_validate, "DEBUG", True)
+    monkeypatch.setattr(_backend, "DEBUG", True)
     _validate.debug_check(torch.tensor([True, True]), "fine")
     with pytest.raises(ValueError, match="win_len exceeds"):
         _validate.debug_check(torch.tensor([True, False]), "win_len exceeds S")

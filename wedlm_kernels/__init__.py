@@ -15,8 +15,11 @@ Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """
 
-from . import _library  # noqa: F401  (registers torch.ops.wedlm.*)
-from ._backend import BACKEND, DEBUG
+import sys
+import types
+
+from . import _backend, _library  # noqa: F401  (_library registers torch.ops.wedlm.*)
+from ._backend import BACKEND
 from .ops.attention import paged_attention
 from .ops.commit import commit_window
 from .ops.reorder import reorder_window
@@ -37,3 +40,21 @@ __all__ = [
     "select_tokens",
     "silu_mul",
 ]
+
+
+class _Package(types.ModuleType):
+    """The package module, with ``DEBUG`` read from and written to the one setting that the
+    value checks read at every call (``WEDLM_KERNELS_DEBUG`` at import)."""
+
+    @property
+    def DEBUG(self) -> bool:  # noqa: N802 - the module constant's name
+        return _backend.DEBUG
+
+    @DEBUG.setter
+    def DEBUG(self, value: bool) -> None:  # noqa: N802
+        if not isinstance(value, bool):
+            raise TypeError(f"wedlm_kernels.DEBUG must be a bool, got {type(value).__name__}")
+        _backend.DEBUG = value
+
+
+sys.modules[__name__].__class__ = _Package

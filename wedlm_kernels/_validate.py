@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._backend import DEBUG
+from . import _backend
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -157,7 +157,7 @@ def debug_check(condition: torch.Tensor | bool, message: str) -> None:
     ``condition`` is a boolean tensor (all elements must be true) or a bool. Reading it
     synchronises with the device, which is why this only runs with ``WEDLM_KERNELS_DEBUG=1``.
     """
-    if not DEBUG:
+    if not _backend.DEBUG:
         return
     ok = bool(condition.all()) if isinstance(condition, torch.Tensor) else bool(condition)
     if not ok:

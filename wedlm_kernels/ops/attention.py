@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _dispatch, _validate
+from .. import _backend, _dispatch
 from .._validate import (
     FLOAT_DTYPES,
     Dims,
@@ -119,7 +119,7 @@ def paged_attention(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
         query_start=query_start, ctx_len=ctx_len,
     )
-    if _validate.DEBUG:
+    if _backend.DEBUG:
         _debug_check_values(block_table, query_start, ctx_len, dims["N"], k_cache)
     return _dispatch.call(
         "paged_attention", q, k_cache, v_cache, block_table, query_start, ctx_len, float(scale)

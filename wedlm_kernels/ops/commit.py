@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _dispatch, _validate
+from .. import _backend, _dispatch
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
@@ -128,7 +128,7 @@ def commit_window(
     check_int("mask_id", mask_id, minimum=0)
     if not isinstance(blockwise, bool):
         raise TypeError(f"`blockwise` must be a bool, got {type(blockwise).__name__}")
-    if _validate.DEBUG:
+    if _backend.DEBUG:
         _debug_checks(win_len, ctx_len, cu_rows, row_pos, selected, out_len, dims)
     _dispatch.call(
         "commit_window", win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token,

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _dispatch, _validate
+from .. import _backend, _dispatch
 from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
@@ -89,11 +89,19 @@ def reorder_window(
     )
     check_int("page_size", page_size, minimum=1)
     check_int("num_rows", num_rows, minimum=0)
-    if _validate.DEBUG:
+    if _backend.DEBUG:
         debug_check((win_len >= 0) & (win_len <= dims["S"]), "win_len must be within [0, S]")
         debug_check(ctx_len >= 0, "ctx_len must be >= 0")
         debug_check(win_len.clamp(0, dims["S"]).sum() <= num_rows,
                     "`num_rows` must be at least the live slots of the batch (sum of win_len)")
+        # every K/V write of the window needs a page: ctx_len + n positions, page ids >= 0
+        needed_pages = (ctx_len.long() + win_len.clamp(0, dims["S"]) + page_size - 1) // page_size
+        debug_check(needed_pages <= dims["P"],
+                    f"`block_table` has {dims['P']} pages per sequence, too few for "
+                    f"ctx_len + win_len positions at page_size {page_size}")
+        page_index = torch.arange(dims["P"], device=block_table.device)
+        debug_check((block_table >= 0) | (page_index[None, :] >= needed_pages[:, None]),
+                    "`block_table` must hold a page id >= 0 for every page the window writes")
     return _dispatch.call(
         "reorder_window", win_tokens, win_mask, win_len, ctx_len, block_table, page_size,
         num_rows,

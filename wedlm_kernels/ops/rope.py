@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _dispatch, _validate
+from .. import _backend, _dispatch
 from .._validate import (
     FLOAT_DTYPES,
     Dims,
@@ -176,7 +176,7 @@ def rope_kv_append(
         q=q, k=k, v=v, positions=positions, cos_sin=cos_sin, k_cache=k_cache, v_cache=v_cache,
         slot_mapping=slot_mapping, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
     )
-    if _validate.DEBUG:
+    if _backend.DEBUG:
         _debug_check_values(positions, dims["max_pos"], slot_mapping, k_cache)
     return _dispatch.call(
         "rope_kv_append", q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _dispatch, _validate
+from .. import _backend, _dispatch
 from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
 from . import philox
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
@@ -106,7 +106,7 @@ def select_tokens(
         logits=logits, cu_rows=cu_rows, row_pos=row_pos, temperature=temperature,
         top_k=top_k, top_p=top_p, threshold=threshold, penalty=penalty, seed=seed,
     )
-    if _validate.DEBUG:
+    if _backend.DEBUG:
         debug_check(cu_rows[0] >= 0, "cu_rows[0] must be >= 0")
         debug_check(cu_rows[1:] >= cu_rows[:-1], "cu_rows must be non-decreasing")
         debug_check(cu_rows[-1] <= dims["R"], f"cu_rows[-1] must be <= R = {dims['R']}")

@@ -20,10 +20,7 @@ GB/s, fractions of the copy bandwidth (:func:`copy_bandwidth`) and speed-ups of 
 ``triton`` implementation over every other one.
 """
 
-import datetime
-import json
 import math
-import platform
 import re
 import shlex
 import statistics
@@ -34,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from model_min.run_info import device_info, utc_now, versions, write_json  # noqa: F401
 
 NO_GPU_MESSAGE = "no CUDA GPU present: GPU benchmarks skipped"
 CPU_LABEL = "CPU only (no GPU); every figure is a CPU measurement"  # results label
@@ -181,51 +180,8 @@ def device_slug() -> str:
     return "cpu"
 
 
-def device_info(device: torch.device) -> dict:
-    if device.type != "cuda":
-        return {
-            "name": f"CPU ({platform.processor() or platform.machine()})",
-            "type": "cpu",
-            "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-        }
-    props = torch.cuda.get_device_properties(device)
-    return {
-        "name": props.name,
-        "type": "cuda",
-        "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count,
-        "memory_gib": round(props.total_memory / 2**30, 1),
-        "l2_cache_mib": round(getattr(props, "L2_cache_size", 0) / 2**20, 1) or None,
-    }
-
-
-def versions() -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda,
-    }
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def command_line(module: str, argv: Sequence[str]) -> str:
     return " ".join(["python", "-m", module, *map(shlex.quote, argv)]).strip()
-
-
-def write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -3,7 +3,7 @@
     python -m bench.decoder_cpu [--out bench/results/cpu/decoder_cpu.json] [--quick]
                                 [--threshold NATS] [--threads N] [--repeats N]
 
-One run, one tiny random Qwen3 checkpoint (``tests/tiny_models.py``, fp32, built in a
+One run, one tiny random Qwen3 checkpoint (``bench/tiny_models.py``, fp32, built in a
 temporary directory, no downloads), one batch of prompts of mixed lengths, the same
 ``SamplingParams`` (greedy, an entropy threshold that commits several tokens per forward),
 windows 8 and 16. Per window it measures:
@@ -49,9 +49,9 @@ import transformers
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from bench.common import CPU_LABEL
+from bench.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
 from reference.decoder import Params, decode
-from tests.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu" / "decoder_cpu.json"
 
@@ -346,7 +346,7 @@ METHODS = {
     ),
     "reference_forward": (
         "reference.decoder.decode (no KV cache, one prompt after the other) with the Hugging "
-        "Face Qwen3ForCausalLM fp32 forward of the same weights (tests.tiny_models.hf_logits): "
+        "Face Qwen3ForCausalLM fp32 forward of the same weights (bench.tiny_models.hf_logits): "
         "wall time over all prompts divided by the forwards; hf_forward_only: the part spent "
         "inside the HF forward (the rest is the reference decoder's Python entropy, "
         "selection and sampling)."

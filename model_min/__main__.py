@@ -8,14 +8,17 @@ and compares them (see ``model_min/demo.py``).
 """
 
 import argparse
+import shlex
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from . import demo
 from .generator import MODES, Generator, SamplingParams, parse_threshold
 from .loader import load_model
+from .run_info import device_info, utc_now, versions, write_json
 from .tokenizer import chat_prompt, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -54,19 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     gen.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     gen.add_argument("--cuda-graph", action="store_true", help="capture the decode step (CUDA)")
+    gen.add_argument("--json", type=Path, default=None, metavar="PATH",
+                     help="also write the prompt, tokens, text and figures to PATH as JSON")
     demo.add_arguments(commands.add_parser(
         "demo", help="compare streaming, block-wise and AR decoding on the shipped tiny model",
         description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
-def generate(args: argparse.Namespace) -> int:
+def generate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
     dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
     model = load_model(args.model, device=device, dtype=dtype)
-    tokenizer = load_tokenizer(args.model)
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except ImportError:
+        if args.prompt is not None:
+            raise
+        tokenizer = None  # token ids in, token ids out: no need for the tokenizers package
     if args.prompt is not None:
         if tokenizer is None:
             print(f"error: {args.model} has no tokenizer.json; use --prompt-ids", file=sys.stderr)
@@ -120,6 +130,20 @@ def generate(args: argparse.Namespace) -> int:
         f"p_cache={result.p_cache:.3f} tok/s={tokens / seconds:.1f} "
         f"finish={result.finish_reason} mode={args.mode} seed={result.seed}"
     )
+    if args.json is not None:
+        write_json(args.json, {
+            "benchmark": "model_min_generate", "date": utc_now(), "device": device_info(device),
+            "versions": versions(), "command": "python -m model_min " + " ".join(
+                shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "wall_time": f"time.perf_counter around the generate call, {device.type}",
+            "settings": {key: value for key, value in vars(args).items()
+                         if key not in ("command", "json", "prompt", "prompt_ids")},
+            "prompt": args.prompt, "prompt_ids": prompt, "token_ids": result.token_ids,
+            "text": result.text, "finish_reason": result.finish_reason,
+            "forwards": result.forwards, "tokens_per_forward": result.tokens_per_forward,
+            "p_cache": result.p_cache, "seed": result.seed, "seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds > 0 else None,
+        })
     return 0
 
 
@@ -128,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         return demo.run(args)
     try:
-        return generate(args)
+        return generate(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

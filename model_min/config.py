@@ -150,6 +150,18 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
     )
 
 
+def _read_json(path: Path) -> dict:
+    """A JSON object from ``path``; a ValueError naming the file if it is not one."""
+    try:
+        with open(path) as file:
+            value = json.load(file)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def load_config(path: Union[str, Path]) -> ModelConfig:
     """Read ``config.json`` (and ``generation_config.json`` when present) from a checkpoint
     directory."""
@@ -157,13 +169,9 @@ def load_config(path: Union[str, Path]) -> ModelConfig:
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.exists():
         raise FileNotFoundError(f"{config_path}: no config.json")
-    with open(config_path) as file:
-        config = json.load(file)
+    config = _read_json(config_path)
     generation_path = config_path.parent / "generation_config.json"
-    generation_config = None
-    if generation_path.exists():
-        with open(generation_path) as file:
-            generation_config = json.load(file)
+    generation_config = _read_json(generation_path) if generation_path.exists() else None
     try:
         return config_from_dict(config, generation_config)
     except ValueError as error:

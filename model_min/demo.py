@@ -19,6 +19,7 @@ import torch
 
 from .generator import Generator, SamplingParams, parse_threshold
 from .loader import load_model
+from .run_info import device_info, utc_now, versions, write_json
 from .tokenizer import load_tokenizer
 
 DEMO_MODEL_DIR = Path(__file__).parent / "tiny_wedlm"
@@ -188,8 +189,6 @@ def run(args: argparse.Namespace) -> int:
 def write_report(args: argparse.Namespace, device: torch.device, stop_ids: Sequence[int],
                  data: list[dict]) -> None:
     """The numbers as JSON, in the layout of the ``bench/`` results."""
-    from bench.common import device_info, utc_now, versions, write_json
-
     prompts = "".join(f" --prompt {p!r}" for p in args.prompt or ())
     command = (f"python -m model_min demo --model {args.model} --max-new-tokens "
                f"{args.max_new_tokens} --window {args.window} --threshold {args.threshold} "

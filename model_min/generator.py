@@ -294,6 +294,13 @@ class Generator:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
             if mode == "ar" and not ids and p.max_new_tokens > 0:
                 raise ValueError(f"prompt {index}: AR decoding needs a non-empty prompt")
+            max_positions = self.model.config.max_position_embeddings
+            if len(ids) + max(p.max_new_tokens, 0) > max_positions:
+                raise ValueError(
+                    f"prompt {index}: {len(ids)} prompt tokens + max_new_tokens "
+                    f"{p.max_new_tokens} exceed the model's max_position_embeddings "
+                    f"({max_positions}); positions past it were never trained"
+                )
             seed = p.seed
             if seed is None:
                 seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=self.rng))

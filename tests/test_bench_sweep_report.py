@@ -12,7 +12,7 @@ import pytest
 from bench import report as bench_report
 from bench.common import fmt_rate
 from bench.sweep import main as sweep_main
-from tests.tiny_models import build_tiny_model, save_checkpoint
+from bench.tiny_models import build_tiny_model, save_checkpoint
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 SVG = "{http://www.w3.org/2000/svg}"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.tiny_models import VOCAB_SIZE, build_tiny_model, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
 from model_min.__main__ import main
-from tests.tiny_models import VOCAB_SIZE, build_tiny_model, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(
@@ -77,6 +77,33 @@ def test_generate_with_text_prompt_chat_template_and_tokenizer(checkpoint, tmp_p
     assert summary and summary.group(2) == summary.group(1)  # AR: one token per forward
     words = " ".join(text_lines).split()
     assert words and all(re.fullmatch(r"t\d+", w) for w in words)
+
+
+def test_generate_json_records_the_run_and_prompt_ids_need_no_tokenizers_package(
+        checkpoint, tmp_path, capsys, monkeypatch):
+    """With tokenizer.json present but the tokenizers package missing, --prompt-ids still
+    decodes (ids in, ids out); --json writes what was printed, with the run's settings."""
+    directory = tmp_path / "with_tokenizer"
+    directory.mkdir()
+    for file in checkpoint.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    write_word_tokenizer(directory)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    out = tmp_path / "run.json"
+    argv = ["generate", "--model", str(directory), "--prompt-ids", "3,1,4", "--window", "4",
+            "--max-new-tokens", "7", "--seed", "2", "--device", "cpu", "--json", str(out)]
+    assert main(argv) == 0
+    *token_lines, summary_line = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out.read_text())
+    assert report["token_ids"] == [int(t) for t in " ".join(token_lines).split()]
+    assert report["prompt_ids"] == [3, 1, 4] and report["text"] is None
+    assert f"forwards={report['forwards']}" in summary_line
+    assert report["settings"]["window"] == 4 and report["settings"]["seed"] == 2
+    assert report["command"] == "python -m model_min " + " ".join(argv)
+    assert report["device"]["type"] == "cpu" and report["versions"]["torch"]
+    # a text prompt does need the package
+    assert main(["generate", "--model", str(directory), "--prompt", "t5", "--device", "cpu"]) == 1
+    assert "tokenizers" in capsys.readouterr().err
 
 
 def test_missing_mask_token_id_is_a_clear_cli_error(checkpoint, tmp_path, capsys):

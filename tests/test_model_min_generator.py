@@ -11,15 +11,15 @@ import functools
 import pytest
 import torch
 
-from model_min import CacheFullError, Generator, SamplingParams, load_model
-from reference.decoder import Params, decode
-from tests.tiny_models import (
+from bench.tiny_models import (
     MASK_TOKEN_ID,
     build_tiny_model,
     hf_key_values,
     hf_logits,
     save_checkpoint,
 )
+from model_min import CacheFullError, Generator, SamplingParams, load_model
+from reference.decoder import Params, decode
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], list(range(20, 36)), [11]]
 
@@ -231,6 +231,20 @@ def test_a_request_that_can_never_fit_is_rejected_before_decoding(tiny):
     with pytest.raises(CacheFullError, match="prompt 1 needs 26 cache positions"):
         generator.generate([[1, 2], [1, 2]], [SamplingParams(max_new_tokens=4),
                                               SamplingParams(max_new_tokens=20)])
+
+
+def test_a_prompt_longer_than_the_trained_positions_is_rejected(tiny):
+    """max_position_embeddings is 256: positions past it were never trained, so a request
+    that would reach them fails naming the prompt instead of decoding garbage."""
+    _, model = tiny
+    assert model.config.max_position_embeddings == 256
+    generator = Generator(model, window=4, page_size=4)
+    [fits] = generator.generate([[1] * 250], SamplingParams(max_new_tokens=6))
+    assert len(fits.token_ids) == 6
+    with pytest.raises(ValueError, match=r"prompt 1: 250 prompt tokens \+ max_new_tokens 7 "
+                                         r"exceed the model's max_position_embeddings \(256\)"):
+        generator.generate([[1, 2], [1] * 250], [SamplingParams(max_new_tokens=4),
+                                                 SamplingParams(max_new_tokens=7)])
 
 
 def test_missing_mask_token_id_asks_for_one(tiny):

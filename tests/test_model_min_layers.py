@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
+from bench.tiny_models import build_tiny_model, hf_logits, save_checkpoint
 from model_min import Generator, SamplingParams, layers, load_model
-from tests.tiny_models import build_tiny_model, hf_logits, save_checkpoint
 
 
 def _hf_norm(weight: torch.Tensor, eps: float) -> Qwen3RMSNorm:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench.tiny_models import build_tiny_model, save_checkpoint
 from model_min import CheckpointError, config_from_dict, load_config, load_model
-from tests.tiny_models import build_tiny_model, save_checkpoint
 
 BASE_CONFIG = {
     "model_type": "qwen3",
@@ -87,6 +87,18 @@ def test_wedlm_model_type_follows_its_qk_norm_flag():
 def test_unsupported_model_type_is_rejected():
     with pytest.raises(ValueError, match="llama"):
         config_from_dict({**BASE_CONFIG, "model_type": "llama", "rope_theta": 1e4})
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("config.json", '{ hidden_size: 64 }', "not valid JSON"),
+    ("config.json", "[1, 2]", "expected a JSON object, got list"),
+    ("generation_config.json", '{"eos_token_id": 3,}', "not valid JSON"),
+])
+def test_malformed_json_names_its_file(broken_dir, name, text, message):
+    (broken_dir / name).write_text(text)
+    with pytest.raises(ValueError, match=f"{name}: {message}") as caught:
+        load_config(broken_dir)
+    assert str(broken_dir / name) in str(caught.value)
 
 
 def test_mask_and_eos_ids_come_from_config_and_generation_config(tmp_path):

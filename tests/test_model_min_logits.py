@@ -12,8 +12,8 @@ mask-row gather for lm_head.
 import pytest
 import torch
 
+from bench.tiny_models import build_tiny_model, hf_logits, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
-from tests.tiny_models import build_tiny_model, hf_logits, save_checkpoint
 
 # name -> tiny model options (+ shard size, and an entropy threshold at which this random
 # model fills some masks right of an unfilled one, so windows really get reordered)

@@ -18,12 +18,12 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from bench.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 from reference import philox
 from reference.decoder import Params, decode
 from reference.model import forward, forward_paged, load_config, load_weights
 from reference.rope import rope_cache
 from reference.window import reorder_window
-from tests.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 
 PROMPT = [5, 17, 42, 7, 99, 3]
 # the tiny model's row entropies lie between ~1.5 and ~4 nats: thresholds in that range

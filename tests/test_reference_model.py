@@ -15,6 +15,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.tiny_models import (
+    MASK_TOKEN_ID,
+    VOCAB_SIZE,
+    build_tiny_model,
+    hf_key_values,
+    hf_logits,
+    save_checkpoint,
+)
 from reference.model import (
     config_from_dict,
     forward,
@@ -25,14 +33,6 @@ from reference.model import (
 )
 from reference.rope import rope_cache
 from reference.window import reorder_window
-from tests.tiny_models import (
-    MASK_TOKEN_ID,
-    VOCAB_SIZE,
-    build_tiny_model,
-    hf_key_values,
-    hf_logits,
-    save_checkpoint,
-)
 
 LOGIT_ATOL = 1e-4
 KV_ATOL = 1e-5  # keys/values are O(1): the same fp32-rounding argument

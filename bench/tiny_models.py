@@ -1,4 +1,5 @@
-"""Tiny random Qwen3 / Qwen2.5 checkpoints for tests (built from config objects, no downloads).
+"""Tiny random Qwen3 / Qwen2.5 checkpoints for the tests and the CPU decoder benchmark (built
+from config objects, no downloads).
 
 The weights are random but scaled so that the model is not degenerate: logits spread over
 several nats (so entropies vary between rows and the threshold selection has something to

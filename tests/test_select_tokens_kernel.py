@@ -8,7 +8,6 @@ Interpreter programs cost milliseconds each, so the shapes are small (a few rows
 in the random tests) apart from a handful of single-row cases at real vocabulary sizes.
 """
 
-import dataclasses
 import inspect
 import math
 
@@ -103,8 +102,10 @@ def run_kernel(args, num_splits=None, max_candidates=select_ops.MAX_CANDIDATES):
     splits, _ = split_plan(num_rows, vocab_size, torch.device(DEVICE), num_splits)
     empty = SelectWorkspace.empty(num_rows, vocab_size, splits, torch.device(DEVICE),
                                   max_candidates)
-    parts = {name: guarded(getattr(empty, name).fill_(0))
-             for name in dataclasses.asdict(empty)}
+    # junk in every intermediate: a value read before the kernels write it shows
+    junk = {torch.float32: float("nan"), torch.int32: 0x5A5A5A5A}
+    parts = {name: guarded(tensor.fill_(junk[tensor.dtype]))
+             for name, tensor in vars(empty).items()}
     workspace = SelectWorkspace(**{name: g.tensor for name, g in parts.items()})
     select_tokens_triton(*args, out=tuple(o.tensor for o in outputs), num_splits=num_splits,
                          workspace=workspace)
@@ -706,6 +707,20 @@ def test_row_strided_logits_give_the_results_of_contiguous_ones():
         expected = run_kernel(batch(strided.contiguous(), *params))
         for a, e in zip(actual[:3], expected[:3]):
             assert torch.equal(a, e), dtype
+
+
+def test_a_workspace_shaped_for_another_launch_is_a_value_error():
+    args = tuple(a.to(DEVICE) for a in batch(
+        torch.randn(3, 5000), [0, 3], [1, 2, 3], [0.8], [0], [0.9], [1.0], [0.1], [5]))
+    splits, _ = split_plan(3, 5000, torch.device(DEVICE), 2)
+    select_tokens_triton(*args, num_splits=2,
+                         workspace=SelectWorkspace.empty(3, 5000, splits, torch.device(DEVICE)))
+    for rows, vocab, num_splits, name in ((3, 5000, 1, "partial_float"),
+                                          (2, 5000, splits, "row_sequence"),
+                                          (3, 3000, splits, "granule_max")):
+        wrong = SelectWorkspace.empty(rows, vocab, num_splits, torch.device(DEVICE))
+        with pytest.raises(ValueError, match=f"`workspace.{name}` has shape"):
+            select_tokens_triton(*args, num_splits=2, workspace=wrong)
 
 
 def test_launcher_returns_fresh_outputs_and_leaves_inputs_unchanged():

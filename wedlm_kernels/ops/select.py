@@ -307,9 +307,13 @@ def select_tokens_fake(
 #    below tau is kept. Split 0 does this work.
 #    A top-p-alone row with more than MAX_CANDIDATES candidates (a flat row) is checked
 #    instead: its token is the first of the scan's four best draws whose mass strictly
-#    above is below the target (every other entry scores below all four). Each program
-#    sums those four masses over its split; the last of the row's programs to arrive (an
-#    atomic count) adds them up and decides. Rows whose four draws all fall outside top-p,
+#    above is below the target. Why that is exact: the token t is the best-scoring kept
+#    entry; the maximum is always kept and the scan scores it, and an entry the scan
+#    skipped scores below the maximum, so t was scored. If t is among the four, the draws
+#    ranked above it are not kept and it is the first kept one; if it is not, all four
+#    outscore it, so none is kept. Each program sums the four masses over its split; the
+#    last of the row's programs to arrive (an atomic count) adds them up and decides.
+#    Rows whose four draws all fall outside top-p,
 #    and the other rows with too many candidates (ties, large k, rows with a NaN), run the
 #    searches over the whole row in one program: exact on every path.
 # 3. _select_sequences_kernel, one program per sequence: merges each row's partials, writes
@@ -712,11 +716,11 @@ def _select_filter_kernel(
         tl.debug_barrier()  # the list is read back by other threads of this program
         use_list = count <= MAX_CANDIDATES
 
-        # 3. top-p alone over too many candidates: the scan drew the row's four best Gumbel
-        # scores; the best of them that top-p keeps (mass strictly above < top_p * mass) is
-        # the token, as every entry the scan did not list scores below all four. Every
-        # program sums the masses above them over its split; the last one to arrive decides.
-        # (every program of the row takes the same decisions: they read the same values)
+        # 3. top-p alone over too many candidates: the first of the scan's four best draws
+        # that top-p keeps (mass strictly above < top_p * mass) is the token, or none of
+        # them is kept (see the comment above the kernels). Every program sums the masses
+        # above them over its split; the last one to arrive decides. (Every program of the
+        # row takes the same decisions: they read the same values.)
         checked = (top_p_on & ~top_k_on) & ~use_list & (row_mass < float("inf"))
         finish = ~checked & (split == 0)
         if checked:
@@ -994,10 +998,10 @@ class SelectWorkspace:
     granule_max: torch.Tensor  # [R, cdiv(V, GRANULE)] fp32: top-k / top-p rows
     candidates: torch.Tensor  # [R, max_candidates] int32: candidate granules
 
-    @classmethod
-    def empty(cls, num_rows: int, vocab_size: int, num_splits: int, device: torch.device,
-              max_candidates: int = MAX_CANDIDATES) -> "SelectWorkspace":
-        shapes = {
+    @staticmethod
+    def shapes(num_rows: int, vocab_size: int, num_splits: int,
+               max_candidates: int = MAX_CANDIDATES) -> dict[str, tuple[int, ...]]:
+        return {
             "row_sequence": (num_rows,), "floor": (num_rows,), "path": (num_rows,),
             "arrivals": (num_rows,), "partial_float": (num_rows, num_splits, 4),
             "partial_index": (num_rows, num_splits), "top_score": (num_rows, num_splits, 4),
@@ -1005,6 +1009,11 @@ class SelectWorkspace:
             "granule_max": (num_rows, triton.cdiv(vocab_size, GRANULE)),
             "candidates": (num_rows, max_candidates),
         }
+
+    @classmethod
+    def empty(cls, num_rows: int, vocab_size: int, num_splits: int, device: torch.device,
+              max_candidates: int = MAX_CANDIDATES) -> "SelectWorkspace":
+        shapes = cls.shapes(num_rows, vocab_size, num_splits, max_candidates)
         floats = {"floor", "partial_float", "top_score", "mass_above", "granule_max"}
         sizes = [math.prod(shape) for shape in shapes.values()]
         parts = torch.empty(sum(sizes), dtype=torch.int32, device=device).split(sizes)
@@ -1055,7 +1064,14 @@ def select_tokens_triton(
     num_splits, split_size = split_plan(num_rows, vocab_size, device, num_splits)
     if workspace is None:
         workspace = SelectWorkspace.empty(num_rows, vocab_size, num_splits, device)
-    num_granules = workspace.granule_max.shape[1]
+    else:  # shapes only: no device value is read
+        candidates = workspace.candidates.shape[-1]
+        shapes = SelectWorkspace.shapes(num_rows, vocab_size, num_splits, candidates)
+        for name, part in vars(workspace).items():
+            if tuple(part.shape) != shapes[name]:
+                raise ValueError(f"`workspace.{name}` has shape {list(part.shape)}, the launch "
+                                 f"needs {list(shapes[name])} ({num_splits} splits)")
+    num_granules = triton.cdiv(vocab_size, GRANULE)
     cu_rows, row_pos = cu_rows.contiguous(), row_pos.contiguous()
     temperature, top_k, top_p = temperature.contiguous(), top_k.contiguous(), top_p.contiguous()
     threshold, penalty, seed = threshold.contiguous(), penalty.contiguous(), seed.contiguous()

@@ -38,6 +38,7 @@ _COMMON = dict(
 settings.register_profile("ci", max_examples=100, derandomize=True, database=None, **_COMMON)
 settings.register_profile("random", max_examples=100, **_COMMON)
 settings.register_profile("thorough", max_examples=400, **_COMMON)
+settings.register_profile("smoke", max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("mutation", max_examples=100, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate], **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

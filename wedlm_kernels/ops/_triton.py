@@ -6,6 +6,7 @@ constexpr values). Every op module with a kernel lists all of its variants in
 machine, which catches what Triton's interpreter accepts but the GPU compiler rejects.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -44,3 +45,39 @@ class KernelVariant:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _interpreter_masks_as_bool() -> None:
+    """Interpreter-only shim: Triton's interpreter computes ``tensor & scalar`` of boolean
+    values as int32 data (typed int1), and from Triton 3.9 its loads and stores reject such a
+    mask ("mask has unsupported dtype"). Give them the mask as bool data; compiled kernels
+    are not concerned (the shim only runs under ``TRITON_INTERPRET=1``)."""
+    import dataclasses
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_masks_as_bool", False):
+        return
+
+    def as_bool(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return dataclasses.replace(mask, data=mask.data.astype(np.bool_))
+
+    masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, *rest):
+        return masked_load(self, ptrs, as_bool(mask), *rest)
+
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        return masked_store(self, ptrs, value, as_bool(mask), *rest)
+
+    builder.create_masked_load = create_masked_load
+    builder.create_masked_store = create_masked_store
+    builder._masks_as_bool = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_masks_as_bool()

@@ -51,6 +51,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from bench.common import CPU_LABEL
 from bench.tiny_models import MASK_TOKEN_ID, build_tiny_model, hf_logits, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
+from model_min.run_info import versions as run_versions
 from reference.decoder import Params, decode
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu" / "decoder_cpu.json"
@@ -313,18 +314,7 @@ def machine() -> dict:
 
 
 def versions() -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "transformers": transformers.__version__,
-    }
+    return {**run_versions(), "transformers": transformers.__version__}
 
 
 def model_summary(model) -> dict:

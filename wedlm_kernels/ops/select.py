@@ -397,6 +397,18 @@ def _insert_best4(s0, s1, s2, s3, i0, i1, i2, i3, score, index):
 
 
 @triton.jit
+def _merge_best4(s0, s1, s2, s3, i0, i1, i2, i3, score, index):
+    """The four best (score, index) pairs of the held four and a tile's ``score`` at
+    ``index`` (its own four best are inserted one by one)."""
+    for _rank in tl.static_range(4):
+        top, top_index = _first_best(score, index)
+        s0, s1, s2, s3, i0, i1, i2, i3 = _insert_best4(s0, s1, s2, s3, i0, i1, i2, i3, top,
+                                                       top_index)
+        score = tl.where(index == top_index, _NEG_INF, score)
+    return s0, s1, s2, s3, i0, i1, i2, i3
+
+
+@triton.jit
 def _granule_tile(values_ptr, length, granule):
     """Entries of ``[G]`` granules (-1: none) of the values ``values_ptr[0 .. length)``:
     ``(x [G, 64] fp32 with NaN as -inf, index [G, 64], valid [G, 64])``."""
@@ -599,11 +611,8 @@ def _select_scan_kernel(
                         score = _tile_scores(x_sub, sub_granule, position, seed, temperature,
                                              floor)
                         if tl.max(score) > s3:  # strictly: an earlier entry wins a tie
-                            for _rank in tl.static_range(4):  # the sub-tile's four best
-                                top, top_index = _first_best(score, sub_index)
-                                s0, s1, s2, s3, i0, i1, i2, i3 = _insert_best4(
-                                    s0, s1, s2, s3, i0, i1, i2, i3, top, top_index)
-                                score = tl.where(sub_index == top_index, _NEG_INF, score)
+                            s0, s1, s2, s3, i0, i1, i2, i3 = _merge_best4(
+                                s0, s1, s2, s3, i0, i1, i2, i3, score, sub_index)
             elif not sampling:
                 if tile_max > best:  # greedy: the first index of the maximum
                     best_index = tl.min(tl.where(x == tile_max, index, _INDEX_NONE), axis=0)
@@ -732,11 +741,8 @@ def _select_filter_kernel(
                 listed = (row * num_splits + other) * 4 + tl.arange(0, 4)
                 score = tl.load(top_score_ptr + listed)
                 index = tl.load(top_index_ptr + listed)
-                for _rank in tl.static_range(4):
-                    top, top_index = _first_best(score, index)
-                    s0, s1, s2, s3, i0, i1, i2, i3 = _insert_best4(
-                        s0, s1, s2, s3, i0, i1, i2, i3, top, top_index)
-                    score = tl.where(index == top_index, _NEG_INF, score)
+                s0, s1, s2, s3, i0, i1, i2, i3 = _merge_best4(
+                    s0, s1, s2, s3, i0, i1, i2, i3, score, index)
             drawn_index = _vector4(i0, i1, i2, i3)
             drawn = _vector4(s0, s1, s2, s3) > float("-inf")
             value = tl.load(row_ptr + drawn_index, mask=drawn, other=float("inf")).to(tl.float32)
@@ -1094,8 +1100,8 @@ def select_tokens_triton(
     if num_sequences > 0:
         split_block = next_power_of_2(num_splits)
         _select_sequences_kernel[(num_sequences,)](
-            cu_rows, row_pos, threshold, penalty, workspace.row_sequence,
-            workspace.partial_float, workspace.partial_index, token, selected, entropy,
+            cu_rows, row_pos, threshold, penalty, w.row_sequence, w.partial_float,
+            w.partial_index, token, selected, entropy,
             num_rows, num_splits, **_sequences_constexprs(split_block),
             num_warps=_SEQUENCES_WARPS,
         )

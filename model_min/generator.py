@@ -140,24 +140,37 @@ def _int64(value: int) -> int:
 class Generator:
     """Batched WeDLM decoder over a paged KV cache.
 
-    Args:
-        model: from ``model_min.load_model``.
-        window: window size ``W`` (slot capacity ``2W``), or ``"auto"``: each
-            ``generate`` call picks ``auto_window(min(requests, max_batch))`` (16 for few
-            sequences, down to 4 for many; :func:`auto_window`) and leaves it in
-            ``self.window``. The window changes which tokens are committed together, so
-            with "auto" a request's tokens depend on the size of its batch.
-        page_size: KV cache page size in positions.
-        max_batch: most requests decoded at once; more wait for a free row.
-        tokenizer: optional, for text prompts and ``Result.text``.
-        max_cache_tokens: KV cache capacity in positions (default
-            ``max_batch * (min(max_position_embeddings, 4096) + window)``).
-        mask_token_id: overrides ``config.json``'s ``mask_token_id``.
-        seed: seeds the generator that draws per-request seeds left as None.
-        poll_every: decode steps between two looks of the host at the batch.
-        cuda_graph: capture the decode step in CUDA graphs (CUDA only; one graph per
-            batch-size bucket, the batch is padded to the bucket).
+    Parameters
+    ----------
+    model : Model
+        From ``model_min.load_model``.
+    window : int or "auto"
+        Window size ``W`` (slot capacity ``2W``), or ``"auto"``: each
+        ``generate`` call picks ``auto_window(min(requests, max_batch))`` (16 for few
+        sequences, down to 4 for many; :func:`auto_window`) and leaves it in
+        ``self.window``. The window changes which tokens are committed together, so with
+        "auto" a request's tokens depend on the size of its batch.
+    page_size : int
+        KV cache page size in positions.
+    max_batch : int
+        Most requests decoded at once; more wait for a free row.
+    tokenizer : Tokenizer or None
+        Optional, for text prompts and ``Result.text``.
+    max_cache_tokens : int or None
+        KV cache capacity in positions (default
+        ``max_batch * (min(max_position_embeddings, 4096) + window)``).
+    mask_token_id : int or None
+        Overrides ``config.json``'s ``mask_token_id``.
+    seed : int or None
+        Seeds the generator that draws per-request seeds left as None.
+    poll_every : int
+        Decode steps between two looks of the host at the batch.
+    cuda_graph : bool
+        Capture the decode step in CUDA graphs (CUDA only; one graph per batch-size bucket,
+        the batch is padded to the bucket).
 
+    Notes
+    -----
     One ``generate`` call at a time per Generator (it is not thread-safe).
     """
 

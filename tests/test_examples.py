@@ -19,9 +19,9 @@ def test_tour_decodes_both_sequences_to_their_limits(capsys):
 def test_docstring_examples_of_every_public_op_run():
     import doctest
 
-    from wedlm_kernels.ops import attention, commit, reorder, rope, select
+    from wedlm_kernels.ops import attention, commit, reorder, rope, select, silu_mul
 
-    for module in (attention, commit, reorder, rope, select):
+    for module in (attention, commit, reorder, rope, select, silu_mul):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0, f"{module.__name__} has no example"
         assert result.failed == 0, f"{module.__name__}: {result.failed} failing example(s)"
@@ -44,3 +44,38 @@ def test_readme_runnable_snippets_print_what_their_comments_say(capsys):
             for i, line in enumerate(lines) if line.startswith("print(")
         ]
         assert printed == expected
+
+
+PUBLIC_OPS = ("commit_window", "paged_attention", "reorder_window", "rope_cache",
+              "rope_kv_append", "select_tokens", "silu_mul")
+
+
+def test_public_ops_document_every_parameter_in_numpy_style():
+    import inspect
+
+    import wedlm_kernels as wk
+
+    assert set(PUBLIC_OPS) == {name for name in wk.__all__ if callable(getattr(wk, name))}
+    for name in PUBLIC_OPS:
+        op = getattr(wk, name)
+        doc = inspect.getdoc(op)
+        for section in ("Parameters", "Returns", "Example"):
+            assert f"\n{section}\n{'-' * len(section)}\n" in doc, (name, section)
+        for parameter in inspect.signature(op).parameters:
+            assert f"\n{parameter} : " in doc, (name, parameter)
+
+
+def test_no_docstring_uses_google_style_sections():
+    """One docstring style in the project: numpy sections (``Parameters`` over dashes),
+    never ``Args:`` / ``Returns:`` blocks."""
+    import re
+
+    root = pathlib.Path(__file__).parents[1]
+    google = re.compile(r"^\s+(Args|Arguments|Returns|Raises|Yields|Examples?):\s*$", re.M)
+    offenders = [
+        f"{path.relative_to(root)}: {match.group(1)}:"
+        for folder in ("wedlm_kernels", "model_min", "reference", "bench", "examples", "tests")
+        for path in sorted((root / folder).rglob("*.py"))
+        for match in google.finditer(path.read_text())
+    ]
+    assert not offenders, offenders

@@ -66,43 +66,62 @@ def commit_window(
     Slots ``>= win_len`` of active sequences end as ``mask_id``/True. ``out_tokens`` is only
     written at columns ``[old out_len, new out_len)``.
 
-    Args:
-        win_tokens: ``[B, S]`` int64, contiguous; window tokens (mutated).
-        win_mask: ``[B, S]`` bool, contiguous; True where a slot is a mask (mutated).
-        win_len: ``[B]`` int32, contiguous; live slots, ``<= S`` (mutated).
-        ctx_len: ``[B]`` int32, contiguous; committed tokens incl. the prompt (mutated).
-        cu_rows: ``[B+1]`` int32; rows ``cu_rows[b] .. cu_rows[b+1]-1`` belong to sequence
-            ``b`` (non-decreasing, within ``[0, R]``).
-        row_pos: ``[R]`` int64; absolute position each row predicts, -1 for padding rows.
-        token: ``[R]`` int64; the sampled token of each row.
-        selected: ``[R]`` bool; rows whose token is written into the window.
-        out_tokens: ``[B, T]`` int64, contiguous; generated tokens (mutated).
-        out_len: ``[B]`` int32, contiguous; generated tokens so far, ``<= T`` (mutated).
-        finished: ``[B]`` bool, contiguous; finished sequences (mutated).
-        stop_ids: ``[B, K]`` int64; stop token ids, negative entries are padding (``K`` may
-            be 0).
-        max_new: ``[B]`` int32; maximum generated tokens per sequence.
-        window: the window size ``W`` (``> 0``); the block size when ``blockwise``.
-        mask_id: the mask token id (``>= 0``), written into freed slots.
-        blockwise: the block-wise baseline instead of streaming.
+    Parameters
+    ----------
+    win_tokens : torch.Tensor
+        ``[B, S]`` int64, contiguous; window tokens (mutated).
+    win_mask : torch.Tensor
+        ``[B, S]`` bool, contiguous; True where a slot is a mask (mutated).
+    win_len : torch.Tensor
+        ``[B]`` int32, contiguous; live slots, ``<= S`` (mutated).
+    ctx_len : torch.Tensor
+        ``[B]`` int32, contiguous; committed tokens incl. the prompt (mutated).
+    cu_rows : torch.Tensor
+        ``[B+1]`` int32; rows ``cu_rows[b] .. cu_rows[b+1]-1`` belong to sequence ``b``
+        (non-decreasing, within ``[0, R]``).
+    row_pos : torch.Tensor
+        ``[R]`` int64; absolute position each row predicts, -1 for padding rows.
+    token : torch.Tensor
+        ``[R]`` int64; the sampled token of each row.
+    selected : torch.Tensor
+        ``[R]`` bool; rows whose token is written into the window.
+    out_tokens : torch.Tensor
+        ``[B, T]`` int64, contiguous; generated tokens (mutated).
+    out_len : torch.Tensor
+        ``[B]`` int32, contiguous; generated tokens so far, ``<= T`` (mutated).
+    finished : torch.Tensor
+        ``[B]`` bool, contiguous; finished sequences (mutated).
+    stop_ids : torch.Tensor
+        ``[B, K]`` int64; stop token ids, negative entries are padding (``K`` may be 0).
+    max_new : torch.Tensor
+        ``[B]`` int32; maximum generated tokens per sequence.
+    window : int
+        The window size ``W`` (``> 0``); the block size when ``blockwise``.
+    mask_id : int
+        The mask token id (``>= 0``), written into freed slots.
+    blockwise : bool
+        The block-wise baseline instead of streaming.
 
-    Returns:
-        None; the seven state tensors are updated in place.
+    Returns
+    -------
+    None
+        The seven state tensors are updated in place.
 
-    Example:
-        >>> import torch, wedlm_kernels as wk
-        >>> M = 99  # docs/algorithm.md's worked example: window [a, M, c, M, M] at L = 10
-        >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
-        >>> win_mask, win_len = win_tokens == M, torch.tensor([5], dtype=torch.int32)
-        >>> ctx_len, out_len = torch.tensor([10], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-        >>> out_tokens, finished = torch.zeros(1, 8, dtype=torch.int64), torch.tensor([False])
-        >>> wk.commit_window(win_tokens, win_mask, win_len, ctx_len,
-        ...     torch.tensor([0, 3], dtype=torch.int32), torch.tensor([11, 13, 14]),
-        ...     torch.tensor([21, 23, 24]), torch.tensor([True, True, False]),
-        ...     out_tokens, out_len, finished, torch.full((1, 1), -1),
-        ...     torch.tensor([8], dtype=torch.int32), window=4, mask_id=M)
-        >>> out_tokens[0, :1].tolist(), win_tokens[0, :win_len[0]].tolist(), ctx_len.tolist()
-        ([5], [21, 7, 23, 99, 99, 99, 99], [11])
+    Example
+    -------
+    >>> import torch, wedlm_kernels as wk
+    >>> M = 99  # docs/algorithm.md's worked example: window [a, M, c, M, M] at L = 10
+    >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
+    >>> win_mask, win_len = win_tokens == M, torch.tensor([5], dtype=torch.int32)
+    >>> ctx_len, out_len = torch.tensor([10], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    >>> out_tokens, finished = torch.zeros(1, 8, dtype=torch.int64), torch.tensor([False])
+    >>> wk.commit_window(win_tokens, win_mask, win_len, ctx_len,
+    ...     torch.tensor([0, 3], dtype=torch.int32), torch.tensor([11, 13, 14]),
+    ...     torch.tensor([21, 23, 24]), torch.tensor([True, True, False]),
+    ...     out_tokens, out_len, finished, torch.full((1, 1), -1),
+    ...     torch.tensor([8], dtype=torch.int32), window=4, mask_id=M)
+    >>> out_tokens[0, :1].tolist(), win_tokens[0, :win_len[0]].tolist(), ctx_len.tolist()
+    ([5], [21, 7, 23, 99, 99, 99, 99], [11])
     """
     dims = Dims()
     check_tensor("win_tokens", win_tokens, torch.int64, ("B", "S"), dims, contiguous=True)

@@ -41,41 +41,58 @@ def reorder_window(
     position ``L + order[row]`` and its K/V is written to the cache slot of position
     ``L + j`` (its physical index). Rows at or after ``query_start[B]`` are padding.
 
-    Args:
-        win_tokens: ``[B, S]`` int64, window tokens in logical slot order (masks hold the
-            mask id). Slots ``>= win_len`` are never read.
-        win_mask: ``[B, S]`` bool, True where a slot is still a mask.
-        win_len: ``[B]`` int32, live slots per sequence (clamped to ``[0, S]``).
-        ctx_len: ``[B]`` int32, committed tokens per sequence (prompt included).
-        block_table: ``[B, P]`` int32, page ids of each sequence (negative: no page).
-        page_size: positions per cache page, ``> 0``.
-        num_rows: ``R >= 0``, rows of the packed outputs: at least the live slots of the
-            batch (checked with ``WEDLM_KERNELS_DEBUG=1``; rows past ``R`` are dropped
-            and ``query_start`` is clamped to ``R``). A CUDA graph is captured per value.
+    Parameters
+    ----------
+    win_tokens : torch.Tensor
+        ``[B, S]`` int64, window tokens in logical slot order (masks hold the mask id).
+        Slots ``>= win_len`` are never read.
+    win_mask : torch.Tensor
+        ``[B, S]`` bool, True where a slot is still a mask.
+    win_len : torch.Tensor
+        ``[B]`` int32, live slots per sequence (clamped to ``[0, S]``).
+    ctx_len : torch.Tensor
+        ``[B]`` int32, committed tokens per sequence (prompt included).
+    block_table : torch.Tensor
+        ``[B, P]`` int32, page ids of each sequence (negative: no page).
+    page_size : int
+        Positions per cache page, ``> 0``.
+    num_rows : int
+        ``R >= 0``, rows of the packed outputs: at least the live slots of the batch
+        (checked with ``WEDLM_KERNELS_DEBUG=1``; rows past ``R`` are dropped and
+        ``query_start`` is clamped to ``R``). A CUDA graph is captured per value.
 
-    Returns:
-        ``(input_ids, positions, slot_mapping, order, query_start, n_filled)``, all fresh:
+    Returns
+    -------
+    The six tensors are returned as a tuple
+    ``(input_ids, positions, slot_mapping, order, query_start, n_filled)``, all fresh:
 
-        - ``input_ids`` ``[R]`` int64: the token of the row's slot; 0 on padding rows.
-        - ``positions`` ``[R]`` int64: ``L + order[row]``; 0 on padding rows.
-        - ``slot_mapping`` ``[R]`` int64: ``block_table[b, (L+j) // page_size] * page_size
-          + (L+j) % page_size``; -1 on padding rows and where the page index is outside
-          ``[0, P)`` or the page id is negative (the K/V write is then dropped).
-        - ``order`` ``[R]`` int32: the window slot fed by each row; 0 on padding rows.
-        - ``query_start`` ``[B+1]`` int32: cumulative live rows, ``query_start[0] = 0``.
-        - ``n_filled`` ``[B]`` int32: filled live slots; the mask rows of ``b`` are
-          ``query_start[b] + n_filled[b] .. query_start[b+1] - 1``.
+    input_ids : torch.Tensor
+        ``[R]`` int64: the token of the row's slot; 0 on padding rows.
+    positions : torch.Tensor
+        ``[R]`` int64: ``L + order[row]``; 0 on padding rows.
+    slot_mapping : torch.Tensor
+        ``[R]`` int64: ``block_table[b, (L+j) // page_size] * page_size + (L+j) % page_size``;
+        -1 on padding rows and where the page index is outside ``[0, P)`` or the page id is
+        negative (the K/V write is then dropped).
+    order : torch.Tensor
+        ``[R]`` int32: the window slot fed by each row; 0 on padding rows.
+    query_start : torch.Tensor
+        ``[B+1]`` int32: cumulative live rows, ``query_start[0] = 0``.
+    n_filled : torch.Tensor
+        ``[B]`` int32: filled live slots; the mask rows of ``b`` are
+        ``query_start[b] + n_filled[b] .. query_start[b+1] - 1``.
 
-    Example:
-        >>> import torch, wedlm_kernels as wk
-        >>> M = 99
-        >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
-        >>> ids, pos, slots, order, query_start, n_filled = wk.reorder_window(
-        ...     win_tokens, win_tokens == M, torch.tensor([5], dtype=torch.int32),
-        ...     torch.tensor([10], dtype=torch.int32),
-        ...     torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), 4, num_rows=5)
-        >>> order.tolist(), pos.tolist(), slots.tolist(), query_start.tolist()
-        ([0, 2, 1, 3, 4], [10, 12, 11, 13, 14], [10, 11, 12, 13, 14], [0, 5])
+    Example
+    -------
+    >>> import torch, wedlm_kernels as wk
+    >>> M = 99
+    >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])
+    >>> ids, pos, slots, order, query_start, n_filled = wk.reorder_window(
+    ...     win_tokens, win_tokens == M, torch.tensor([5], dtype=torch.int32),
+    ...     torch.tensor([10], dtype=torch.int32),
+    ...     torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), 4, num_rows=5)
+    >>> order.tolist(), pos.tolist(), slots.tolist(), query_start.tolist()
+    ([0, 2, 1, 3, 4], [10, 12, 11, 13, 14], [10, 11, 12, 13, 14], [0, 5])
     """
     dims = Dims()
     check_tensor("win_tokens", win_tokens, torch.int64, ("B", "S"), dims)

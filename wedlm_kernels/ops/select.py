@@ -59,33 +59,51 @@ def select_tokens(
       value (NaN rows only when all valid rows are NaN). ``threshold = -inf`` selects one
       row per sequence.
 
-    Args:
-        logits: ``[R, V]`` fp32, fp16 or bf16, stride 1 in the last dimension, ``V >= 1``.
-        cu_rows: ``[B+1]`` int32, row offsets of the sequences (non-decreasing,
-            ``cu_rows[0] >= 0``, ``cu_rows[B] <= R``; checked with ``WEDLM_KERNELS_DEBUG=1``).
-        row_pos: ``[R]`` int64, absolute position predicted by each row; -1 marks padding.
-        temperature: ``[B]`` fp32; ``<= 0`` means greedy.
-        top_k: ``[B]`` int32; ``<= 0`` or ``>= V`` means off.
-        top_p: ``[B]`` fp32; ``>= 1`` means off.
-        threshold: ``[B]`` fp32, selection threshold on the adjusted entropy (strict).
-        penalty: ``[B]`` fp32, adjusted-entropy increase per position of distance.
-        seed: ``[B]`` int64, per-sequence seed (all 64 bits are used).
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[R, V]`` fp32, fp16 or bf16, stride 1 in the last dimension, ``V >= 1``.
+    cu_rows : torch.Tensor
+        ``[B+1]`` int32, row offsets of the sequences (non-decreasing, ``cu_rows[0] >= 0``,
+        ``cu_rows[B] <= R``; checked with ``WEDLM_KERNELS_DEBUG=1``).
+    row_pos : torch.Tensor
+        ``[R]`` int64, absolute position predicted by each row; -1 marks padding.
+    temperature : torch.Tensor
+        ``[B]`` fp32; ``<= 0`` means greedy.
+    top_k : torch.Tensor
+        ``[B]`` int32; ``<= 0`` or ``>= V`` means off.
+    top_p : torch.Tensor
+        ``[B]`` fp32; ``>= 1`` means off.
+    threshold : torch.Tensor
+        ``[B]`` fp32, selection threshold on the adjusted entropy (strict).
+    penalty : torch.Tensor
+        ``[B]`` fp32, adjusted-entropy increase per position of distance.
+    seed : torch.Tensor
+        ``[B]`` int64, per-sequence seed (all 64 bits are used).
 
-    Returns:
-        ``(token, selected, entropy)``: fresh ``[R]`` tensors of dtype int64, bool and fp32.
-        No argument is modified.
+    Returns
+    -------
+    token : torch.Tensor
+        Fresh ``[R]`` tensor of dtype int64.
+    selected : torch.Tensor
+        Fresh ``[R]`` tensor of dtype bool.
+    entropy : torch.Tensor
+        Fresh ``[R]`` tensor of dtype fp32.
 
-    Example:
-        >>> import torch, wedlm_kernels as wk
-        >>> logits = torch.tensor([[0.0, 5.0, 0.0], [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]])
-        >>> cu_rows = torch.tensor([0, 2, 3], dtype=torch.int32)
-        >>> row_pos = torch.tensor([7, 8, 3])
-        >>> f32 = lambda *v: torch.tensor(v, dtype=torch.float32)
-        >>> token, selected, entropy = wk.select_tokens(
-        ...     logits, cu_rows, row_pos, f32(0.0, 0.0), torch.tensor([0, 0], dtype=torch.int32),
-        ...     f32(1.0, 1.0), f32(0.5, -float("inf")), f32(0.02, 0.02), torch.tensor([1, 2]))
-        >>> token.tolist(), selected.tolist()
-        ([1, 0, 0], [True, False, True])
+    No argument is modified.
+
+    Example
+    -------
+    >>> import torch, wedlm_kernels as wk
+    >>> logits = torch.tensor([[0.0, 5.0, 0.0], [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]])
+    >>> cu_rows = torch.tensor([0, 2, 3], dtype=torch.int32)
+    >>> row_pos = torch.tensor([7, 8, 3])
+    >>> f32 = lambda *v: torch.tensor(v, dtype=torch.float32)
+    >>> token, selected, entropy = wk.select_tokens(
+    ...     logits, cu_rows, row_pos, f32(0.0, 0.0), torch.tensor([0, 0], dtype=torch.int32),
+    ...     f32(1.0, 1.0), f32(0.5, -float("inf")), f32(0.02, 0.02), torch.tensor([1, 2]))
+    >>> token.tolist(), selected.tolist()
+    ([1, 0, 0], [True, False, True])
     """
     dims = Dims()
     check_tensor("logits", logits, FLOAT_DTYPES, ("R", "V"), dims, unit_last_stride=True)

@@ -40,8 +40,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     -------
     >>> import torch, wedlm_kernels as wk
     >>> gate_up = torch.tensor([[0.0, 2.0, 3.0, 5.0]])      # gate [0, 2], up [3, 5]
-    >>> torch.round(wk.silu_mul(gate_up), decimals=4).tolist()
-    [[0.0, 8.8080]]
+    >>> [round(value, 4) for value in wk.silu_mul(gate_up)[0].tolist()]
+    [0.0, 8.808]
     """
     dims = Dims()
     check_tensor("gate_up", gate_up, FLOAT_DTYPES, ("N", "width"), dims, unit_last_stride=True)

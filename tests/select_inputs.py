@@ -6,12 +6,10 @@ import torch
 from hypothesis import strategies as st
 
 from reference import select as ref
+from tests.numerics import DECISION_MARGIN
 
 INF = float("inf")
 NAN = float("nan")
-# Decisions on adjusted entropies closer than this to a threshold (or to each other) are
-# not decidable at fp32 precision; the random tests keep their thresholds away from them.
-DECISION_MARGIN = 1e-4
 
 
 def f32(*values):

@@ -19,6 +19,8 @@ import torch
 
 from bench import common
 from bench import select_tokens as bench
+from tests.numerics import ENTROPY_TOLERANCE
+from tests.select_inputs import batch
 from wedlm_kernels.ops.select import select_tokens_torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,29 +133,21 @@ def test_inputs_are_decode_steps_of_up_to_16_mask_rows_per_sequence(num_rows):
     assert all(a.shape == (len(cu_rows) - 1,) for a in args[3:])
 
 
-def _batch(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed):
-    f32 = torch.float32
-    return (logits, torch.tensor(cu_rows, dtype=torch.int32), torch.tensor(row_pos),
-            torch.tensor(temperature, dtype=f32), torch.tensor(top_k, dtype=torch.int32),
-            torch.tensor(top_p, dtype=f32), torch.tensor(threshold, dtype=f32),
-            torch.tensor(penalty, dtype=f32), torch.tensor(seed))
-
-
 def test_engine_sampler_selects_and_decodes_greedy_rows_like_the_contract():
     """fp32 logits, greedy: entropy, tokens of the selected rows and the selection (with the
     argmin fallback) equal select_tokens_torch; thresholds sit between adjusted entropies."""
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(9, 300, generator=g) * torch.tensor([0.5, 3, 6]).repeat(3)[:, None]
     cu_rows, row_pos = [0, 4, 9], [10, 11, 12, 13, 50, 51, 52, 53, 54]
-    base = _batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], [0.0, 0.0],
+    base = batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], [0.0, 0.0],
                   [0.02, 0.1], [0, 0])
     entropy = select_tokens_torch(*base)[2]
     thresholds = [float(entropy[:4].sort().values[1:3].mean()), -math.inf]
-    args = _batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], thresholds,
+    args = batch(logits, cu_rows, row_pos, [0.0, 0.0], [0, 0], [1.0, 1.0], thresholds,
                   [0.02, 0.1], [0, 0])
     token, selected, entropy = bench.engine_sampler(*args)
     torch_token, torch_selected, torch_entropy = select_tokens_torch(*args)
-    torch.testing.assert_close(entropy, torch_entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, torch_entropy, **ENTROPY_TOLERANCE)
     assert selected.tolist() == torch_selected.tolist()
     assert 1 <= int(selected[:4].sum()) <= 3 and int(selected[4:].sum()) == 1
     assert token[selected].tolist() == torch_token[selected].tolist()
@@ -162,7 +156,7 @@ def test_engine_sampler_selects_and_decodes_greedy_rows_like_the_contract():
 def test_engine_sampler_draws_sampled_rows_inside_top_k():
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(8, 200, generator=g) * 3
-    args = _batch(logits, [0, 8], list(range(8)), [1.0], [5], [0.95], [math.inf], [0.0], [0])
+    args = batch(logits, [0, 8], list(range(8)), [1.0], [5], [0.95], [math.inf], [0.0], [0])
     token, selected, _ = bench.engine_sampler(*args)
     assert selected.all()
     top5 = logits.topk(5, dim=1).indices

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import wedlm_kernels as wk
 from reference import attention as ref
 from tests.attention_inputs import padded, uneven_packed_case
+from tests.numerics import ATTENTION_TOLERANCE, assert_close
 from wedlm_kernels import _backend
 
 # the op and the reference in the padded form [B, S, Hq, D] with q_len rows per sequence
@@ -20,24 +21,6 @@ attention = padded(wk.paged_attention, extra_rows=2)
 reference = padded(ref.paged_attention)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# The op takes q.k and the softmax in fp32 from the same low-precision inputs the reference
-# reads exactly into float64, and rounds the output once. Outputs are convex combinations of
-# O(1) values.
-# - fp32: fp32 dot products over D <= 256 and the softmax lose a few ulps (~1e-6 relative).
-# - fp16: the final rounding is half an ulp, 2^-11 relative; 2e-3 leaves room for the fp32 part.
-# - bf16: half an ulp is 2^-8 relative.
-TOLERANCE = {
-    torch.float32: dict(rtol=2e-5, atol=2e-5),
-    torch.float16: dict(rtol=2e-3, atol=2e-4),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=2e-3),
-}
-
-
-def _assert_close(actual, expected, dtype):
-    torch.testing.assert_close(
-        actual.to(torch.float64), expected.to(torch.float64), equal_nan=True, **TOLERANCE[dtype]
-    )
 
 
 def _paged(dense_k, dense_v, page_size, page_ids, num_pages, generator):
@@ -141,7 +124,7 @@ def test_matches_reference(
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
     expected = reference(*args)
     assert not expected.isnan().any()  # every needed page is covered here
-    _assert_close(out, expected, dtype)
+    assert_close(out, expected, ATTENTION_TOLERANCE, dtype)
 
 
 @pytest.mark.parametrize("group", [1, 4])
@@ -235,7 +218,7 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows):
     out = attention(*args)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
-    _assert_close(out, reference(*args), torch.float32)
+    assert_close(out, reference(*args), ATTENTION_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -256,7 +239,7 @@ def test_needed_position_without_a_page_gives_a_nan_row(block_table, width):
     out = attention(*args)
     assert out[0, :2].isfinite().all()
     assert out[0, 2:].isnan().all()
-    _assert_close(out, reference(*args), torch.float32)
+    assert_close(out, reference(*args), ATTENTION_TOLERANCE, torch.float32)
 
 
 def test_cache_contents_outside_the_visible_positions_are_never_read():
@@ -276,7 +259,7 @@ def test_cache_contents_outside_the_visible_positions_are_never_read():
     assert out[0, :2].isfinite().all()
     assert out[0, 2:, :, 3].isnan().all()
     assert out[0, 2:, :, [0, 1, 2, 4, 5, 6, 7]].isfinite().all()
-    _assert_close(out, reference(*args), torch.float32)
+    assert_close(out, reference(*args), ATTENTION_TOLERANCE, torch.float32)
 
 
 def test_inputs_are_not_modified_and_the_output_is_fresh():
@@ -378,4 +361,4 @@ def test_packed_rows_of_uneven_sequences_and_padding_rows():
     args = uneven_packed_case(torch.Generator().manual_seed(8))
     out = wk.paged_attention(*args)
     assert (out[-3:] == 0).all() and out[:-3].isfinite().all()
-    _assert_close(out, ref.paged_attention(*args), torch.float32)
+    assert_close(out, ref.paged_attention(*args), ATTENTION_TOLERANCE, torch.float32)

@@ -17,6 +17,7 @@ import wedlm_kernels as wk
 from reference import attention as ref
 from tests.attention_inputs import pack, padded, uneven_packed_case, unpack
 from tests.kernel_harness import guarded
+from tests.numerics import ATTENTION_KERNEL_TOLERANCE, assert_close
 from wedlm_kernels import _library
 from wedlm_kernels.ops import attention as attention_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
@@ -37,25 +38,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 # on the GPU.
 DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
 
-# Outputs are convex combinations of O(1) values; the reference works in float64 on the same
-# low-precision inputs.
-# - fp32: fp32 products over D <= 256 and the online softmax lose a few ulps (~1e-6).
-# - fp16: the probabilities enter P @ V rounded to fp16 (2^-11 relative each, errors average
-#   out over keys) and the output is rounded once (2^-11): 2e-3 relative, 5e-4 absolute.
-# - bf16: the same with 2^-8: 1.6e-2 relative, 4e-3 absolute.
-TOLERANCE = {
-    torch.float32: dict(rtol=2e-5, atol=2e-5),
-    torch.float16: dict(rtol=2e-3, atol=5e-4),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=4e-3),
-}
 OUT_SENTINEL = 777.0  # the output's initial value: an element the kernel skips stays at it
-
-
-def _assert_close(actual, expected, dtype):
-    torch.testing.assert_close(
-        actual.cpu().to(torch.float64), expected.cpu().to(torch.float64), equal_nan=True,
-        **TOLERANCE[dtype],
-    )
 
 
 def _lengths(values):
@@ -174,8 +157,8 @@ def test_kernel_matches_reference_and_pytorch(
 
     expected = reference(*_cpu(args))
     assert not expected.isnan().any()  # every needed page is covered here
-    _assert_close(out, expected, dtype)
-    _assert_close(out, pytorch(*args), dtype)
+    assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, dtype)
+    assert_close(out, pytorch(*args), ATTENTION_KERNEL_TOLERANCE, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -189,11 +172,11 @@ def test_split_count_changes_results_only_by_rounding(dtype):
     args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.125)
     one = _run_kernel(args, num_splits=1).float()
     expected = reference(*_cpu(args))
-    _assert_close(one, expected, dtype)
+    assert_close(one, expected, ATTENTION_KERNEL_TOLERANCE, dtype)
     for num_splits in (3, 40):  # 40 splits of 16 keys: the last 20 find no key
         split = _run_kernel(args, num_splits=num_splits, block_n=16).float()
         # the partial outputs are fp32; only the final rounding to q's dtype may differ
-        tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else TOLERANCE[dtype]
+        tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else ATTENTION_KERNEL_TOLERANCE[dtype]
         torch.testing.assert_close(split, one, **tolerance)
 
 
@@ -229,7 +212,7 @@ def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_
     monkeypatch.undo()
     expected = reference(*_cpu(args))
     assert not expected.isnan().any()
-    _assert_close(out, expected, torch.float32)
+    assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 def test_a_page_table_reaching_past_int32_positions_is_rejected():
@@ -253,7 +236,7 @@ def test_prefill_query_tiles_match_the_reference():
             head_dim**-0.5)
     out = _run_kernel(args, block_m=64, num_splits=1)
     expected = reference(*_cpu(args))
-    _assert_close(out, expected, torch.float32)
+    assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize("num_splits,block_m", [(1, None), (3, 16), (1, 64), (2, 32)])
@@ -267,7 +250,7 @@ def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m):
                          block_n=16)
     out.check("out")
     assert (out.tensor[-3:] == 0).all() and out.tensor[:-3].isfinite().all()
-    _assert_close(out.tensor, ref.paged_attention(*_cpu(args)), torch.float32)
+    assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
@@ -295,7 +278,7 @@ def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
     paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=16, block_n=16)
     out.check("out")
     assert (out.tensor[-2:] == 0).all()
-    _assert_close(out.tensor, ref.paged_attention(*_cpu(args)), torch.float32)
+    assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 def test_prefill_equals_causal_sdpa_on_the_gathered_cache():
@@ -378,7 +361,7 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits):
     out = _run_kernel(args, num_splits=num_splits)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
-    _assert_close(out, reference(*_cpu(args)), torch.float32)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -411,7 +394,7 @@ def test_negative_ctx_len_rows_without_any_visible_key_are_nan(num_splits):
     # row j sees positions 0 .. j - 2: rows 0 and 1 see nothing
     assert out[0, :2].isnan().all()
     assert out[0, 2:].isfinite().all()
-    _assert_close(out, reference(*_cpu(args)), torch.float32)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 def test_an_empty_page_table_makes_every_live_row_nan():
@@ -446,7 +429,7 @@ def test_a_visible_non_finite_value_makes_its_column_nan_in_full_and_diagonal_ti
     assert out[0][~expected_nan.to(out.device)].isfinite().all()
     torch_out = pytorch(*_cpu(args))[0]
     assert torch.equal(torch_out.isnan(), expected_nan)
-    _assert_close(out, pytorch(*_cpu(args)), torch.float32)
+    assert_close(out, pytorch(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -475,7 +458,7 @@ def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits)
     assert out[0, 2:4, :, 3].isnan().all()
     assert out[0, 2:4, :, [0, 1, 2, 4, 5, 6, 7]].isfinite().all()
     assert out[0, 4:].isnan().all()
-    _assert_close(out, reference(*_cpu(args)), torch.float32)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 def test_strided_block_table_query_start_and_ctx_len_are_read_through_their_strides():
@@ -490,7 +473,7 @@ def test_strided_block_table_query_start_and_ctx_len_are_read_through_their_stri
     out = torch.full_like(q, OUT_SENTINEL)
     paged_attention_into(out, *args)
     contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
-    _assert_close(out, paged_attention_torch(*contiguous), torch.float32)
+    assert_close(out, paged_attention_torch(*contiguous), ATTENTION_KERNEL_TOLERANCE, torch.float32)
     assert (out[5:] == 0).all()
 
 
@@ -512,7 +495,7 @@ def test_launcher_returns_a_fresh_contiguous_output_and_leaves_inputs_unchanged(
     for arg, copy in zip(args, copies):
         if isinstance(arg, torch.Tensor):
             assert torch.equal(arg, copy)
-    _assert_close(out, paged_attention_torch(*args), torch.float16)
+    assert_close(out, paged_attention_torch(*args), ATTENTION_KERNEL_TOLERANCE, torch.float16)
 
 
 def test_empty_shapes_return_empty_outputs():
@@ -535,7 +518,7 @@ def test_head_dims_outside_2_to_256_use_the_pytorch_implementation(monkeypatch, 
     args = (q, k_cache, v_cache, _table([[0]]), _lengths([1]), _lengths([2]), 0.1)
     monkeypatch.setattr(attention_ops, "_paged_attention_kernel", None)  # never launched
     out = triton_launcher(*args)
-    _assert_close(out, reference(*_cpu(args)), torch.float32)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 def test_launcher_has_the_signature_of_the_pytorch_implementation_and_is_registered():
@@ -604,7 +587,7 @@ def test_default_schedule_of_a_long_decode_window_splits_and_matches_the_referen
     k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.25)
     out = _run_kernel(args)
-    _assert_close(out, reference(*_cpu(args)), torch.float32)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
 # ---------------------------------------------------------------------------- variants
@@ -703,7 +686,7 @@ def test_qwen3_shapes_match_pytorch_on_gpu(dtype, batch, rows, context, page_siz
     q_len = [rows - 3 * b for b in range(batch)]
     args = _qwen3_decode_inputs(batch, rows, context, page_size, dtype, g, q_len)
     out = _run_kernel(args)
-    _assert_close(out, pytorch(*args), dtype)
+    assert_close(out, pytorch(*args), ATTENTION_KERNEL_TOLERANCE, dtype)
 
 
 @pytest.mark.cuda
@@ -717,7 +700,7 @@ def test_head_sizes_match_pytorch_on_gpu(dtype, head_dim):
         k_cache, v_cache = _caches(num_pages, 16, 2, head_dim, dtype, g)
         args = (q, k_cache, v_cache, _table(table), _lengths([context, 3]),
                 _lengths([rows, rows - 5]), head_dim**-0.5)
-        _assert_close(_run_kernel(args), pytorch(*args), dtype)
+        assert_close(_run_kernel(args), pytorch(*args), ATTENTION_KERNEL_TOLERANCE, dtype)
 
 
 @pytest.mark.cuda
@@ -728,7 +711,7 @@ def test_bf16_equals_sdpa_on_the_gathered_cache_on_gpu(rows, context):
     q, k_cache, v_cache, table = args[:4]
     out = triton_launcher(*args)
     expected = _sdpa_on_gathered_cache(q, k_cache, v_cache, table[0].tolist(), context, rows)
-    _assert_close(out[0], expected, torch.bfloat16)
+    assert_close(out[0], expected, ATTENTION_KERNEL_TOLERANCE, torch.bfloat16)
 
 
 @pytest.mark.cuda
@@ -760,4 +743,4 @@ def test_cuda_graph_replay_with_changed_inputs_matches_eager():
         torch.cuda.synchronize()
         eager = step()
         assert torch.equal(captured, eager)
-        _assert_close(captured, paged_attention_torch(*static), torch.bfloat16)
+        assert_close(captured, paged_attention_torch(*static), ATTENTION_KERNEL_TOLERANCE, torch.bfloat16)

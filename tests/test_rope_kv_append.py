@@ -10,28 +10,11 @@ from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import rope as ref
+from tests.numerics import ROPE_TOLERANCE, assert_close
 from tests.rope_inputs import eps_dominated_case
 from wedlm_kernels import _backend
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# The op normalises and rotates in fp32 and rounds once to the output dtype; the reference
-# works in float64. Values are O(1..10).
-# - fp32: fp32 norm and rotation errors are a few fp32 ulps (~1e-6 relative).
-# - fp16: one rounding is half an ulp (2^-11 relative); the reference rounds its float64
-#   value while the op rounds an fp32 one, so cache entries may differ by one ulp (2^-10).
-# - bf16: the same with 8 mantissa bits: one ulp is 2^-7 relative.
-TOLERANCE = {
-    torch.float32: dict(rtol=2e-5, atol=2e-5),
-    torch.float16: dict(rtol=2e-3, atol=1e-4),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
-}
-
-
-def _assert_close(actual, expected, dtype):
-    torch.testing.assert_close(
-        actual.to(torch.float64), expected.to(torch.float64), equal_nan=True, **TOLERANCE[dtype]
-    )
 
 
 def _make_qkv(num_tokens, q_heads, kv_heads, head_dim, dtype, layout, generator):
@@ -128,13 +111,13 @@ def test_matches_reference_and_writes_only_valid_slots(
     )
 
     assert q_out.dtype == dtype and q_out.shape == q.shape and q_out.is_contiguous()
-    _assert_close(q_out, q_ref, dtype)
+    assert_close(q_out, q_ref, ROPE_TOLERANCE, dtype)
     written = _written_slots(slot_mapping, num_slots)
     for cache, cache_ref, init in zip(caches, caches_ref, cache_init):
         flat, flat_ref = cache.view(num_slots, -1), cache_ref.view(num_slots, -1)
         flat_init = init.view(num_slots, -1)
         # both read the same input values and round once, to the cache dtype
-        _assert_close(flat[written], flat_ref[written], cache_dtype)
+        assert_close(flat[written], flat_ref[written], ROPE_TOLERANCE, cache_dtype)
         assert torch.equal(flat[~written], flat_init[~written])
 
 

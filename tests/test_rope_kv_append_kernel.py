@@ -15,6 +15,7 @@ import wedlm_kernels as wk
 from reference import rope as ref
 from tests.int64_checks import rope_kv_append_cache
 from tests.kernel_harness import guarded
+from tests.numerics import ROPE_TOLERANCE, assert_close
 from tests.rope_inputs import eps_dominated_case
 from wedlm_kernels.ops import rope as rope_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
@@ -34,26 +35,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
 HEAD_DIMS = (8, 16, 64, 80, 96, 128, 256)
 
-# Kernel, PyTorch implementation and reference normalise and rotate the same inputs; values
-# are O(1..10).
-# - fp32: the kernel and the PyTorch implementation differ by a few fp32 ulps (reduction
-#   order, rsqrt, fused multiply-adds on the GPU), the float64 reference by ~1e-6 relative.
-# - fp16 / bf16: each result is rounded once from fp32 (from float64 in the reference), so
-#   values straddling a rounding boundary differ by one ulp: 2^-10 (fp16), 2^-7 (bf16)
-#   relative.
-TOLERANCE = {
-    torch.float32: dict(rtol=2e-5, atol=2e-5),
-    torch.float16: dict(rtol=2e-3, atol=1e-4),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
-}
 Q_SENTINEL = 12345.0  # q_out's initial value: an element the kernel skips stays at it
-
-
-def _assert_close(actual, expected, dtype):
-    torch.testing.assert_close(
-        actual.cpu().to(torch.float64), expected.cpu().to(torch.float64), equal_nan=True,
-        **TOLERANCE[dtype],
-    )
 
 
 def _other_dtype(dtype):
@@ -185,15 +167,15 @@ def test_kernel_matches_reference_and_pytorch_and_writes_only_valid_slots(
         None if q_norm is None else q_norm.cpu(), None if k_norm is None else k_norm.cpu(), eps,
     )
 
-    _assert_close(q_out, q_torch, dtype)
-    _assert_close(q_out, q_ref, dtype)
+    assert_close(q_out, q_torch, ROPE_TOLERANCE, dtype)
+    assert_close(q_out, q_ref, ROPE_TOLERANCE, dtype)
     written = _written_slots(slot_mapping, num_slots)
     for cache, torch_cache, ref_cache, init in zip(
         (k_cache, v_cache), torch_caches, ref_caches, cache_init
     ):
-        _assert_close(cache, torch_cache, cache_dtype)
+        assert_close(cache, torch_cache, ROPE_TOLERANCE, cache_dtype)
         flat, flat_ref = cache.cpu().view(num_slots, -1), ref_cache.view(num_slots, -1)
-        _assert_close(flat[written], flat_ref[written], cache_dtype)
+        assert_close(flat[written], flat_ref[written], ROPE_TOLERANCE, cache_dtype)
         assert torch.equal(flat[~written], init.view(num_slots, -1)[~written])
     for before, after in zip(inputs_before, (q, k, v)):
         assert torch.equal(before, after)
@@ -283,7 +265,7 @@ def test_dropped_slots_leave_every_cache_element_unchanged_and_q_is_still_rotate
     assert torch.equal(k_cache, cache_init[0]) and torch.equal(v_cache, cache_init[1])
     torch_caches = tuple(c.clone() for c in cache_init)
     q_torch = rope_kv_append_torch(q, k, v, positions, cos_sin, *torch_caches, slot_mapping)
-    _assert_close(q_out, q_torch, torch.float32)
+    assert_close(q_out, q_torch, ROPE_TOLERANCE, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -317,8 +299,8 @@ def test_norm_weights_of_any_dtype_match_pytorch(q_weight_dtype, k_weight_dtype)
     q_torch = rope_kv_append_torch(
         q, k, v, positions, cos_sin, *torch_caches, slot_mapping, q_norm, k_norm, 1e-5
     )
-    _assert_close(q_out, q_torch, torch.float16)
-    _assert_close(k_cache, torch_caches[0], torch.float16)
+    assert_close(q_out, q_torch, ROPE_TOLERANCE, torch.float16)
+    assert_close(k_cache, torch_caches[0], ROPE_TOLERANCE, torch.float16)
     assert torch.equal(v_cache, torch_caches[1])
 
 
@@ -431,8 +413,8 @@ def test_qwen3_decode_shapes_match_pytorch_on_gpu(dtype, cache_dtype):
     q_torch = rope_kv_append_torch(
         q, k, v, positions, cos_sin, *torch_caches, slot_mapping, q_norm, k_norm, 1e-6
     )
-    _assert_close(q_out, q_torch, dtype)
-    _assert_close(k_cache, torch_caches[0], cache_dtype)
+    assert_close(q_out, q_torch, ROPE_TOLERANCE, dtype)
+    assert_close(k_cache, torch_caches[0], ROPE_TOLERANCE, cache_dtype)
     assert torch.equal(v_cache, torch_caches[1])  # a plain copy (cast) of v
 
 
@@ -457,8 +439,8 @@ def test_prefill_shapes_match_pytorch_on_gpu(head_dim, page_size):
     q_torch = rope_kv_append_torch(
         q, k, v, positions, cos_sin, *torch_caches, slot_mapping, norm, norm, 1e-6
     )
-    _assert_close(q_out, q_torch, dtype)
-    _assert_close(k_cache, torch_caches[0], dtype)
+    assert_close(q_out, q_torch, ROPE_TOLERANCE, dtype)
+    assert_close(k_cache, torch_caches[0], ROPE_TOLERANCE, dtype)
     assert torch.equal(v_cache, torch_caches[1])
 
 
@@ -506,8 +488,8 @@ def test_cuda_graph_replay_with_changed_inputs_matches_eager():
         q_eager = rope_kv_append_torch(
             q, k, v, positions, cos_sin, *torch_caches, slots, norm, norm, 1e-6
         )
-        _assert_close(static_q_out, q_eager, dtype)
-        _assert_close(k_cache, torch_caches[0], dtype)
+        assert_close(static_q_out, q_eager, ROPE_TOLERANCE, dtype)
+        assert_close(k_cache, torch_caches[0], ROPE_TOLERANCE, dtype)
         assert torch.equal(v_cache, torch_caches[1])
 
 

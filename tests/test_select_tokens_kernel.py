@@ -20,8 +20,14 @@ from hypothesis import strategies as st
 from reference import philox
 from reference import select as ref
 from tests.kernel_harness import guarded
+from tests.numerics import (
+    ENTROPY_TOLERANCE,
+    GUMBEL_TOLERANCE,
+    TOP_P_MARGIN,
+    assert_same_token,
+    assert_selection,
+)
 from tests.select_inputs import (
-    DECISION_MARGIN,
     batch,
     choose_thresholds,
     dyadic_top_p_cases,
@@ -66,24 +72,8 @@ NAN = float("nan")
 # hypothesis examples of the costlier interpreter tests (a third of the profile's)
 EXAMPLES = max(6, settings.default.max_examples // 3)
 
-# Entropy tolerance (fp32 kernel vs float64 reference, and vs the fp32 PyTorch
-# implementation). The kernel sums exp(x - m) and exp(x - m) * (x - m) in fp32: per lane
-# over V / BLOCK_V <= 8 terms, each rescaled when its lane's maximum grows (one rounding per
-# rescale), then across lanes and splits by trees; the relative error of each sum is about
-# (8 + log2(V)) * 2^-24 ~ 1.2e-6, and log(s) adds ~1e-7 absolute (more with the GPU's
-# approximate exp, ~2 ulp per term). H = log(s) - t / s is a sum of two non-negative terms,
-# so rtol 1e-5 and atol 5e-6 leave a margin of about 5x.
-ENTROPY_RTOL = 1e-5
-ENTROPY_ATOL = 5e-6
-# Top-p decisions: the kernel and the PyTorch implementation sum probability mass in fp32
-# (error ~1e-6 of the total), the reference in float64.
-TOP_P_MARGIN = 1e-4
-# Gumbel noise: two fp32 logs of exact inputs, a few ulps of |g| <= 17.4.
-GUMBEL_TOLERANCE = dict(rtol=1e-6, atol=1e-6)
 # how the filter kernel drew a top-k / top-p row (workspace.path)
 PATHS = {name: code for code, name in select_ops.PATH_NAMES.items()}
-
-
 
 
 def run_kernel(args, num_splits=None, max_candidates=select_ops.MAX_CANDIDATES):
@@ -117,75 +107,15 @@ def run_kernel(args, num_splits=None, max_candidates=select_ops.MAX_CANDIDATES):
     return token, selected, entropy, workspace
 
 
-def _gumbel_near_tie(logits_row, temperature, seed, position, token_a, token_b):
-    """Whether the float64 scores ``x / T + g`` of two tokens are equal at fp32 precision."""
-    noise = philox.gumbel(seed, position, logits_row.shape[0])
-    x = logits_row.double()
-    score_a = float(x[token_a]) / temperature + float(noise[token_a])
-    score_b = float(x[token_b]) / temperature + float(noise[token_b])
-    return abs(score_a - score_b) <= 1e-5 * (1 + max(abs(score_a), abs(score_b)))
-
-
-def _assert_same_token(actual, expected, logits_row, temperature, top_k, top_p, seed,
-                       position):
-    """Tokens are equal, or differ only by fp32 rounding of a sampled row: a near-tie of the
-    two Gumbel scores, or a token whose top-p mass is within TOP_P_MARGIN of top_p."""
-    if actual == expected:
-        return
-    context = (position, actual, expected)
-    assert position >= 0 and temperature > 0, context
-    wider = ref.kept_tokens(logits_row, top_k, top_p + TOP_P_MARGIN)
-    narrower = (wider if top_p >= 1
-                else ref.kept_tokens(logits_row, top_k, top_p - TOP_P_MARGIN))
-    assert wider[actual], context
-    top_p_boundary = not (narrower[actual] and narrower[expected])
-    near_tie = _gumbel_near_tie(logits_row, temperature, seed, position, actual, expected)
-    assert top_p_boundary or near_tie, context
-
-
-
-
-
-
 def _token_agrees(token, logits_row, temperature, top_k, top_p, seed, position):
-    """Whether a sampled token is the reference's up to fp32 rounding (_assert_same_token)."""
+    """Whether a sampled token is the reference's up to fp32 rounding (assert_same_token)."""
     try:
-        _assert_same_token(token, ref.sample_row(logits_row, temperature, top_k, top_p, seed,
+        assert_same_token(token, ref.sample_row(logits_row, temperature, top_k, top_p, seed,
                                                  position),
                            logits_row, temperature, top_k, top_p, seed, position)
     except AssertionError:
         return False
     return True
-
-
-def _assert_selection(selected, expected_entropy, expected_selected, cu_rows, row_pos,
-                      threshold, penalty):
-    """The selection of every sequence equals the expected one where it is decidable at
-    fp32 precision (thresholds are kept away from the adjusted entropies; fallback ties
-    closer than DECISION_MARGIN may pick either row)."""
-    for b in range(len(cu_rows) - 1):
-        rows = list(range(cu_rows[b], cu_rows[b + 1]))
-        valid = [r for r in rows if row_pos[r] >= 0]
-        if not valid:
-            assert not selected[rows].any(), b
-            continue
-        nearest = min(row_pos[r] for r in valid)
-        adjusted = {r: float(expected_entropy[r]) + penalty[b] * (row_pos[r] - nearest)
-                    for r in valid}
-        if any(a < threshold[b] for a in adjusted.values()):
-            assert selected[rows].tolist() == expected_selected[rows].tolist(), b
-            continue
-        finite = [a for a in adjusted.values() if not math.isnan(a)]
-        if finite:
-            smallest = min(finite)
-            tied = {r for r, a in adjusted.items()
-                    if abs(a - smallest) <= DECISION_MARGIN * (1 + abs(smallest))}
-        else:
-            tied = {valid[0]}
-        chosen = {r for r in rows if selected[r]}
-        assert len(chosen) == 1 and chosen <= tied, (b, chosen, tied)
-        if len(tied) == 1:
-            assert selected[rows].tolist() == expected_selected[rows].tolist(), b
 
 
 def _draw_batch(data, g, vocab, max_rows_per_sequence=3):
@@ -239,21 +169,20 @@ def test_kernel_matches_reference_and_pytorch_on_random_batches(data):
     torch_token, torch_selected, torch_entropy = select_tokens_torch(*args)
     ref_token, ref_selected, ref_entropy = ref.select_tokens(*args)
 
-    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=ENTROPY_RTOL,
-                               atol=ENTROPY_ATOL, equal_nan=True)
-    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL,
+    torch.testing.assert_close(entropy.double(), ref_entropy, **ENTROPY_TOLERANCE, equal_nan=True)
+    torch.testing.assert_close(entropy, torch_entropy, **ENTROPY_TOLERANCE,
                                equal_nan=True)
     logits = args[0]
     for b in range(len(cu_rows) - 1):
         for r in range(cu_rows[b], cu_rows[b + 1]):
             for expected in (int(ref_token[r]), int(torch_token[r])):
-                _assert_same_token(int(token[r]), expected, logits[r], temperature[b],
+                assert_same_token(int(token[r]), expected, logits[r], temperature[b],
                                    top_k[b], top_p[b], seed[b], row_pos[r])
             if row_pos[r] >= 0 and not temperature[b] > 0:  # greedy: exactly equal
                 assert int(token[r]) == int(torch_token[r]) == int(ref_token[r]), r
-    _assert_selection(selected, ref_entropy, ref_selected, cu_rows, row_pos, threshold,
+    assert_selection(selected, ref_entropy, ref_selected, cu_rows, row_pos, threshold,
                       penalty)
-    _assert_selection(selected, ref_entropy, torch_selected, cu_rows, row_pos, threshold,
+    assert_selection(selected, ref_entropy, torch_selected, cu_rows, row_pos, threshold,
                       penalty)
     padding = [r for r in range(len(row_pos)) if row_pos[r] < 0 or not any(
         cu_rows[b] <= r < cu_rows[b + 1] for b in range(len(cu_rows) - 1))]
@@ -278,7 +207,7 @@ def test_vocabulary_split_changes_no_token_or_selection(data):
         assert torch.equal(other_token, token)
         torch.testing.assert_close(other_entropy, entropy, rtol=2e-6, atol=1e-6,
                                    equal_nan=True)
-        _assert_selection(other_selected, entropy.double(), selected, cu_rows, row_pos,
+        assert_selection(other_selected, entropy.double(), selected, cu_rows, row_pos,
                           threshold, penalty)
 
 
@@ -566,8 +495,7 @@ def _assert_matches_reference(args, num_splits=None):
     token, selected, entropy, _ = run_kernel(args, num_splits)
     ref_token, ref_selected, ref_entropy = ref.select_tokens(*args)
     torch_token, _, _ = select_tokens_torch(*args)
-    torch.testing.assert_close(entropy.double(), ref_entropy, rtol=ENTROPY_RTOL,
-                               atol=ENTROPY_ATOL, equal_nan=True)
+    torch.testing.assert_close(entropy.double(), ref_entropy, **ENTROPY_TOLERANCE, equal_nan=True)
     assert token.tolist() == torch_token.tolist()
     if not torch.isnan(args[3]).any():
         assert token.tolist() == ref_token.tolist()
@@ -688,11 +616,11 @@ def test_vocabulary_sizes_that_are_not_multiples_of_the_tile(vocab, temperature,
                  [top_k], [top_p], [INF], [0.02], [vocab])
     token, _, entropy, _ = run_kernel(args, num_splits=3)
     torch_token, _, torch_entropy = select_tokens_torch(*args)
-    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL)
+    torch.testing.assert_close(entropy, torch_entropy, **ENTROPY_TOLERANCE)
     for r in range(num_rows):
         expected = ref.sample_row(logits[r], temperature, top_k, top_p, vocab, 40 + r)
         for other in (expected, int(torch_token[r])):
-            _assert_same_token(int(token[r]), other, logits[r], temperature, top_k, top_p,
+            assert_same_token(int(token[r]), other, logits[r], temperature, top_k, top_p,
                                vocab, 40 + r)
 
 
@@ -807,14 +735,14 @@ def test_decode_shapes_match_pytorch_on_gpu(dtype):
     cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed = params
     token, selected, entropy = select_tokens_triton(*(a.cuda() for a in args))
     torch_token, torch_selected, torch_entropy = select_tokens_torch(*(a.cuda() for a in args))
-    torch.testing.assert_close(entropy, torch_entropy, rtol=ENTROPY_RTOL, atol=ENTROPY_ATOL)
+    torch.testing.assert_close(entropy, torch_entropy, **ENTROPY_TOLERANCE)
     logits = args[0].cpu()
     for b in range(len(cu_rows) - 1):
         for r in range(cu_rows[b], cu_rows[b + 1]):
-            _assert_same_token(int(token[r]), int(torch_token[r]), logits[r], temperature[b],
+            assert_same_token(int(token[r]), int(torch_token[r]), logits[r], temperature[b],
                                top_k[b], top_p[b], seed[b], row_pos[r])
     ref_entropy = torch_entropy.cpu().double()
-    _assert_selection(selected.cpu(), ref_entropy, torch_selected.cpu(), cu_rows, row_pos,
+    assert_selection(selected.cpu(), ref_entropy, torch_selected.cpu(), cu_rows, row_pos,
                       threshold, penalty)
 
 
@@ -845,8 +773,7 @@ def test_batch_beyond_2_31_logits_on_gpu():
     tail_args = (args[0][tail], torch.arange(17, dtype=torch.int32, device="cuda"),
                  *(a[tail] for a in args[2:]))
     torch_token, _, torch_entropy = select_tokens_torch(*tail_args)
-    torch.testing.assert_close(entropy[tail], torch_entropy, rtol=ENTROPY_RTOL,
-                               atol=ENTROPY_ATOL)
+    torch.testing.assert_close(entropy[tail], torch_entropy, **ENTROPY_TOLERANCE)
     assert torch.equal(token[tail], torch_token)
     assert selected.all()
 

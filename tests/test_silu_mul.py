@@ -8,14 +8,9 @@ from hypothesis import strategies as st
 
 import wedlm_kernels as wk
 from reference import layers as ref
+from tests.numerics import SILU_MUL_TOLERANCE
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# one rounding of silu to the dtype, one of the product: 2 ulps relative, plus fp32 error
-TOLERANCE = {
-    torch.float32: dict(rtol=1e-6, atol=1e-7),
-    torch.float16: dict(rtol=2e-3, atol=1e-5),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-4),
-}
 
 
 @given(
@@ -32,7 +27,7 @@ def test_matches_reference_and_pytorch(rows, intermediate, dtype, scale, padded_
     gate_up = storage[:, : 2 * intermediate]
     out = wk.silu_mul(gate_up)
     assert out.shape == (rows, intermediate) and out.dtype == dtype and out.is_contiguous()
-    torch.testing.assert_close(out.double(), ref.silu_mul(gate_up), **TOLERANCE[dtype])
+    torch.testing.assert_close(out.double(), ref.silu_mul(gate_up), **SILU_MUL_TOLERANCE[dtype])
 
 
 def test_values_by_hand_and_non_finite_entries():

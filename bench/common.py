@@ -20,11 +20,14 @@ GB/s, fractions of the copy bandwidth (:func:`copy_bandwidth`) and speed-ups of 
 ``triton`` implementation over every other one.
 """
 
+import argparse
 import math
+import os
 import re
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -412,3 +415,143 @@ def bench_main(
     for problem in problems:
         print(f"FAILED: {problem}")
     return 1 if problems else 0
+
+
+# ------------------------------------------------------------- the op-benchmark skeleton
+#
+# bench/ops_window.py, bench/paged_attention.py and bench/select_tokens.py share one shape:
+#
+#     parse_args(argv)  = op_parser(...) + the script's own options, checked by parse_op_args
+#     run(args, argv)   : run = start_op_run(...); report = run.report(shapes=..., ...);
+#                         groups of cases through run.run_group (partial results written
+#                         after each); run.finish(report, ...)
+#     failures(report)  : group_failures(...) per group of cases
+#     main(argv)        = bench_main(argv, parse_args, run, failures, "<name>.md")
+
+
+def op_parser(module: str, description: str, smoke_help: str) -> argparse.ArgumentParser:
+    """The options every op microbenchmark takes: ``--out-dir``, ``--quick``,
+    ``--cpu-smoke`` (described by ``smoke_help``), ``--interpret`` and ``--seed``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="results folder (default bench/results/<device-name-slug>/; "
+                             "a temporary folder for --cpu-smoke)")
+    parser.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
+    parser.add_argument("--cpu-smoke", action="store_true", help=smoke_help)
+    parser.add_argument("--interpret", action="store_true",
+                        help="with --cpu-smoke: also run the Triton launchers through "
+                             "Triton's interpreter")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def parse_op_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, refusing ``--interpret`` without ``--cpu-smoke``."""
+    args = parser.parse_args(argv)
+    if args.interpret and not args.cpu_smoke:
+        parser.error("--interpret needs --cpu-smoke")
+    return args
+
+
+SMOKE_DEVICE_LABEL = "CPU smoke run: every figure is a CPU measurement"
+
+
+@dataclass
+class OpRun:
+    """One run of an op microbenchmark: where it runs, where it writes, how it times."""
+
+    name: str  # "ops_window": the module under bench/ and the results' file names
+    args: argparse.Namespace
+    argv: list[str]
+    device: torch.device
+    out_dir: Path
+    timer: Timer
+    copy: dict  # copy_bandwidth() of this device
+
+    @property
+    def mode(self) -> str:
+        return "cpu-smoke" if self.args.cpu_smoke else "cuda"
+
+    @property
+    def with_triton(self) -> bool:
+        """Whether the Triton launchers run: on the GPU, or on the CPU with --interpret."""
+        return not self.args.cpu_smoke or self.args.interpret
+
+    def triton_state(self, launcher: str, smoke_stand_in: str) -> str:
+        """The report's word on the kernel: its launcher's name (with the interpreter
+        named), or why it did not run."""
+        if not self.with_triton:
+            return f"not run (CPU smoke run: {smoke_stand_in})"
+        return launcher + (" (Triton interpreter)" if self.args.interpret else "")
+
+    def report(self, **fields) -> dict:
+        """The report's common head, then ``fields`` (shapes, the case groups, ...)."""
+        device = device_info(self.device)
+        if self.args.cpu_smoke:
+            device["label"] = SMOKE_DEVICE_LABEL
+        return {
+            "benchmark": self.name, "date": utc_now(),
+            "command": command_line(f"bench.{self.name}", self.argv),
+            "mode": self.mode, "quick": self.args.quick, "device": device,
+            "versions": versions(), "modes": list(self.timer.modes),
+            "copy_bandwidth": self.copy, **fields,
+            "complete": False, "plot": "written at the end of the run",
+        }
+
+    def run_group(self, group: dict, cases: Iterable[tuple[str, Callable[[], dict]]],
+                  derive: Callable[[dict], None], write: Callable[[bool], None],
+                  prefix: str = "", per_case: bool = False) -> str | None:
+        """:func:`run_cases` into ``group``, then ``write(False)`` (after every case with
+        ``per_case``): partial results survive a crash. Returns a lost context's error."""
+        after_each = (lambda: write(False)) if per_case else None
+        lost = run_cases(group, cases, self.timer, derive, self.device, prefix, after_each)
+        if not per_case:
+            write(False)
+        return lost
+
+    def write(self, report: dict, final: bool, write_markdown: Callable[[dict, Path], None],
+              write_plot: Callable[[dict, Path], str], summarise: Callable[[dict], dict]) -> None:
+        """``<name>.json`` and ``<name>.md``; the final write adds the plot and the summary."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if final:
+            report["plot"] = write_plot(report, self.out_dir / f"{self.name}.png")
+            report["summary"] = summarise(report)
+        write_json(self.out_dir / f"{self.name}.json", report)
+        write_markdown(report, self.out_dir / f"{self.name}.md")
+
+
+def start_op_run(name: str, args: argparse.Namespace, argv: Sequence[str],
+                 copy_bytes: int) -> OpRun:
+    """The device (CPU tensors for ``--cpu-smoke``, with ``TRITON_INTERPRET=1`` set before
+    any kernel module imports Triton when ``--interpret``), the results folder, the timer,
+    and the copy bandwidth over ``copy_bytes`` (printed)."""
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        if args.interpret:
+            os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        device = torch.device("cuda")
+    out_dir = args.out_dir
+    if out_dir is None:
+        out_dir = (Path(tempfile.mkdtemp(prefix=f"{name}_smoke_")) if args.cpu_smoke
+                   else RESULTS_ROOT / device_slug())
+    timer = Timer(device, args.quick)
+    copy = copy_bandwidth(device, copy_bytes, timer.once)
+    return OpRun(name, args, list(argv), device, out_dir, timer, copy)
+
+
+def group_failures(group: dict, name: str, describe: Callable[[dict], str]) -> list[str]:
+    """Errors and mismatches of one group of cases: the cases that raised, a lost context,
+    every timing that failed and every failed check (``describe(case)`` names a case)."""
+    prefix = f"{name}: " if name else ""
+    found = [prefix + message for message in group.get("case_errors", [])]
+    if group.get("error"):
+        found.append(prefix + group["error"])
+    for case in group.get("cases", []):
+        label = f"{name} {describe(case)}".strip()
+        for impl, modes in case["timings"].items():
+            found += [f"{label} {impl} {mode}: {timing['error']}"
+                      for mode, timing in modes.items() if "error" in timing]
+        found += [f"{label}: {check_name} mismatch {check}"
+                  for check_name, check in case["check"].items() if not check["ok"]]
+    return found

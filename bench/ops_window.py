@@ -34,9 +34,7 @@ interpreter), writing to a temporary folder unless ``--out-dir`` is given.
 
 import argparse
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -693,52 +691,28 @@ def summarise(report: dict) -> dict:
     return summary
 
 
-def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if final:
-        report["plot"] = write_plot(report, out_dir / "ops_window.png")
-        report["summary"] = summarise(report)
-    common.write_json(out_dir / "ops_window.json", report)
-    write_markdown(report, out_dir / "ops_window.md")
+def write_outputs(run: common.OpRun, report: dict, final: bool) -> None:
+    run.write(report, final, write_markdown, write_plot, summarise)
 
 
 # ------------------------------------------------------------------------------------ main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.ops_window",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="results folder (default bench/results/<device-name-slug>/; "
-                             "a temporary folder for --cpu-smoke)")
-    parser.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
+    parser = common.op_parser("bench.ops_window", __doc__.split("\n\n")[0],
+                              "tiny shapes on CPU tensors, PyTorch implementations only")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on CPU tensors, PyTorch implementations only")
-    parser.add_argument("--interpret", action="store_true",
-                        help="with --cpu-smoke: also run the Triton launchers through "
-                             "Triton's interpreter")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.interpret and not args.cpu_smoke:
-        parser.error("--interpret needs --cpu-smoke")
-    return args
+    return common.parse_op_args(parser, argv)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    if args.cpu_smoke:
-        device, sizes, mode_name = torch.device("cpu"), SMOKE, "cpu-smoke"
-        if args.interpret:
-            os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules import triton
-    else:
-        device, sizes, mode_name = torch.device("cuda"), QUICK if args.quick else QWEN3_8B, "cuda"
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = (Path(tempfile.mkdtemp(prefix="ops_window_smoke_")) if args.cpu_smoke
-                   else common.RESULTS_ROOT / common.device_slug())
-    timer = Timer(device, args.quick)
+    sizes = SMOKE if args.cpu_smoke else QUICK if args.quick else QWEN3_8B
+    bench = common.start_op_run("ops_window", args, argv,
+                                8 * 2**20 if args.cpu_smoke else 2**30)
+    print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s", flush=True)
+    timer = bench.timer
     launchers = load_launchers(tuple(args.ops))
-    if args.cpu_smoke and not args.interpret:
+    if not bench.with_triton:
         for op in launchers:
             launchers[op]["triton"] = None
     if "commit_window" in launchers:
@@ -746,19 +720,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
         launchers["commit_window"]["reorder_torch"] = reorder_window_torch
 
-    copy_bytes = 8 * 2**20 if args.cpu_smoke else 2**30
-    copy = common.copy_bandwidth(device, copy_bytes, timer.once)
-    print(f"copy bandwidth: {fmt(copy['gb_per_s'], 0)} GB/s", flush=True)
-    report = {
-        "benchmark": "ops_window",
-        "date": common.utc_now(),
-        "command": common.command_line("bench.ops_window", argv),
-        "mode": mode_name,
-        "quick": args.quick,
-        "device": common.device_info(device),
-        "versions": common.versions(),
-        "modes": list(timer.modes),
-        "shapes": {
+    report = bench.report(
+        shapes={
             "q_heads": sizes.q_heads, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
             "dtype": str(sizes.dtype).replace("torch.", ""), "tokens": list(sizes.tokens),
             "page_sizes": list(sizes.page_sizes), "batches": list(sizes.batches),
@@ -766,14 +729,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "max_context": sizes.max_context, "vocab": sizes.vocab, "stop_ids": sizes.stop_ids,
             "rope_theta": sizes.rope_theta, "eps": sizes.eps,
         },
-        "copy_bandwidth": copy,
-        "methods": METHODS,
-        "ops": {},
-        "complete": False,
-        "plot": "written at the end of the run",
-    }
-    if args.cpu_smoke:
-        report["device"]["label"] = "CPU smoke run: every figure is a CPU measurement"
+        methods=METHODS, ops={},
+    )
 
     def cases_of(op: str):
         if op == "rope_kv_append":
@@ -789,41 +746,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     context_lost = None
     for op in args.ops:
-        if launchers[op]["triton"] is not None:
-            triton_state = f"{op}_triton" + (" (Triton interpreter)" if args.interpret else "")
-        elif args.cpu_smoke and not args.interpret:
-            triton_state = "not run (CPU smoke run: PyTorch implementations only)"
-        else:
+        if launchers[op]["triton"] is None and bench.with_triton:
             triton_state = NO_TRITON
+        else:
+            triton_state = bench.triton_state(f"{op}_triton", "PyTorch implementations only")
         result = {"triton": triton_state, "cases": []}
         report["ops"][op] = result
         if context_lost:
             result["error"] = f"not run: the CUDA context was lost ({context_lost})"
             continue
-        context_lost = common.run_cases(
-            result, cases_of(op), timer, lambda case: add_derived(case, copy["gb_per_s"]),
-            device, prefix=f"{op} ")
-        write_outputs(report, out_dir, final=False)  # partial results survive a crash
+        context_lost = bench.run_group(
+            result, cases_of(op), lambda case: add_derived(case, bench.copy["gb_per_s"]),
+            lambda final: write_outputs(bench, report, final), prefix=f"{op} ")
     report["complete"] = context_lost is None
-    write_outputs(report, out_dir, final=True)
-    report["out_dir"] = str(out_dir)
+    write_outputs(bench, report, final=True)
+    report["out_dir"] = str(bench.out_dir)
     return report
 
 
 def failures(report: dict) -> list[str]:
     """Errors and mismatches of a finished report (the exit status is 1 if any)."""
-    found = []
-    for op, result in report["ops"].items():
-        found += [f"{op}: {message}" for message in result.get("case_errors", [])]
-        if result.get("error"):
-            found.append(f"{op}: {result['error']}")
-        for case in result["cases"]:
-            for impl, modes in case["timings"].items():
-                found += [f"{op} {case['params']} {impl} {mode}: {timing['error']}"
-                          for mode, timing in modes.items() if "error" in timing]
-            found += [f"{op} {case['params']}: {name} mismatch"
-                      for name, check in case["check"].items() if not check["ok"]]
-    return found
+    return [failure for op, result in report["ops"].items()
+            for failure in common.group_failures(result, op, lambda case: str(case["params"]))]
 
 
 def main(argv: list[str] | None = None) -> int:

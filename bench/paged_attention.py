@@ -33,9 +33,7 @@ Triton's interpreter), writing to a temporary folder unless ``--out-dir`` is giv
 
 import argparse
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -450,129 +448,72 @@ def summarise(report: dict) -> dict:
     }
 
 
-def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if final:
-        report["plot"] = write_plot(report, out_dir / "paged_attention.png")
-        report["summary"] = summarise(report)
-    common.write_json(out_dir / "paged_attention.json", report)
-    write_markdown(report, out_dir / "paged_attention.md")
+def write_outputs(run: common.OpRun, report: dict, final: bool) -> None:
+    run.write(report, final, write_markdown, write_plot, summarise)
 
 
 # ------------------------------------------------------------------------------- main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.paged_attention",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="results folder (default bench/results/<device-name-slug>/; "
-                             "a temporary folder for --cpu-smoke)")
-    parser.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
+    parser = common.op_parser("bench.paged_attention", __doc__.split("\n\n")[0],
+                              "tiny shapes on CPU tensors, PyTorch implementation only")
     parser.add_argument("--page-size", type=int, default=None,
                         help="positions per page (default 16; 4 in --cpu-smoke)")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on CPU tensors, PyTorch implementation only")
-    parser.add_argument("--interpret", action="store_true",
-                        help="with --cpu-smoke: also run the Triton launcher through Triton's "
-                             "interpreter")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.interpret and not args.cpu_smoke:
-        parser.error("--interpret needs --cpu-smoke")
+    args = common.parse_op_args(parser, argv)
     if args.page_size is not None and args.page_size < 1:
         parser.error("--page-size must be >= 1")
     return args
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    if args.cpu_smoke:
-        device, sizes, mode_name = torch.device("cpu"), SMOKE, "cpu-smoke"
-        torch.set_num_threads(1)  # tiny tensors: spinning OpenMP threads only add noise
-        if args.interpret:
-            os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module imports triton
-    else:
-        device, sizes = torch.device("cuda"), QUICK if args.quick else QWEN3_8B
-        mode_name = "cuda"
+    sizes = SMOKE if args.cpu_smoke else QUICK if args.quick else QWEN3_8B
     if args.page_size is not None:
         sizes = Sizes(**{**sizes.__dict__, "page_size": args.page_size})
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = (Path(tempfile.mkdtemp(prefix="paged_attention_smoke_")) if args.cpu_smoke
-                   else common.RESULTS_ROOT / common.device_slug())
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # tiny tensors: spinning OpenMP threads only add noise
+    bench = common.start_op_run("paged_attention", args, argv, sizes.copy_bytes)
     from wedlm_kernels.ops.attention import paged_attention_torch, paged_attention_triton
 
     launchers = {"triton": paged_attention_triton}
     if args.cpu_smoke:  # the PyTorch implementation stands in for (or beside) the kernel
         launchers = {"torch": paged_attention_torch}
-        if args.interpret:
+        if bench.with_triton:
             launchers["triton"] = paged_attention_triton
-    triton_state = ("paged_attention_triton" if "triton" in launchers else
-                    "not run (CPU smoke run: PyTorch implementation only)")
-    if args.interpret:
-        triton_state += " (Triton interpreter)"
-
-    timer = Timer(device, args.quick)
-    copy = common.copy_bandwidth(device, sizes.copy_bytes, timer.once)
-    matmul = matmul_ceiling(sizes, timer)
-    print(f"copy bandwidth: {fmt(copy['gb_per_s'], 0)} GB/s; matmul: "
+    matmul = matmul_ceiling(sizes, bench.timer)
+    print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s; matmul: "
           f"{fmt(matmul['tflops'], 1)} TFLOP/s", flush=True)
-    report = {
-        "benchmark": "paged_attention",
-        "date": common.utc_now(),
-        "command": common.command_line("bench.paged_attention", argv),
-        "mode": mode_name,
-        "quick": args.quick,
-        "device": common.device_info(device),
-        "versions": common.versions(),
-        "modes": list(timer.modes),
-        "triton": triton_state,
-        "shapes": {
+    report = bench.report(
+        triton=bench.triton_state("paged_attention_triton", "PyTorch implementation only"),
+        shapes={
             "q_heads": sizes.q_heads, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
             "dtype": str(sizes.dtype).replace("torch.", ""), "page_size": sizes.page_size,
             "batches": list(sizes.batches), "window_rows": list(sizes.window_rows),
             "contexts": list(sizes.contexts), "prefill_tokens": list(sizes.prefill_tokens),
         },
-        "copy_bandwidth": copy,
-        "matmul": matmul,
-        "methods": METHODS,
-        "cases": [],
-        "complete": False,
-        "plot": "written at the end of the run",
-    }
-    if args.cpu_smoke:
-        report["device"]["label"] = "CPU smoke run: every figure is a CPU measurement"
+        matmul=matmul, methods=METHODS, cases=[],
+    )
 
     plan = [("decode", batch, rows, context) for batch in sizes.batches
             for rows in sizes.window_rows for context in sizes.contexts]
     plan += [("prefill", 1, tokens, 0) for tokens in sizes.prefill_tokens]
     cases = [(f"{kind} B={batch} q_len={rows} context={context}",
               lambda kind=kind, batch=batch, rows=rows, context=context: run_case(
-                  kind, sizes, launchers, batch, rows, context, timer, args.seed))
+                  kind, sizes, launchers, batch, rows, context, bench.timer, args.seed))
              for kind, batch, rows, context in plan]
-    # writing after every case lets partial results survive a crash
-    common.run_cases(
-        report, cases, timer, lambda case: add_rates(case, copy["gb_per_s"], matmul["tflops"]),
-        device, after_each=lambda: write_outputs(report, out_dir, final=False))
+    bench.run_group(
+        report, cases, lambda case: add_rates(case, bench.copy["gb_per_s"], matmul["tflops"]),
+        lambda final: write_outputs(bench, report, final), per_case=True)
     report["complete"] = "error" not in report
-    write_outputs(report, out_dir, final=True)
-    report["out_dir"] = str(out_dir)
+    write_outputs(bench, report, final=True)
+    report["out_dir"] = str(bench.out_dir)
     return report
 
 
 def failures(report: dict) -> list[str]:
     """Errors and mismatches of a finished report (the exit status is 1 if any)."""
-    found = list(report.get("case_errors", []))
-    if report.get("error"):
-        found.append(report["error"])
-    for case in report["cases"]:
-        for impl, modes in case["timings"].items():
-            found += [f"{case['kind']} {case['params']} {impl} {mode}: {timing['error']}"
-                      for mode, timing in modes.items() if "error" in timing]
-        found += [f"{case['kind']} {case['params']}: {name} mismatch "
-                  f"({check['max_relative_error']:.3g})"
-                  for name, check in case["check"].items() if not check["ok"]]
-    return found
+    return common.group_failures(report, "",
+                                 lambda case: f"{case['kind']} {case['params']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,9 +43,7 @@ Triton's interpreter), writing to a temporary folder unless ``--out-dir`` is giv
 """
 
 import argparse
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -453,35 +451,17 @@ def summarise(report: dict) -> dict:
     }
 
 
-def write_outputs(report: dict, out_dir: Path, final: bool) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if final:
-        report["plot"] = write_plot(report, out_dir / "select_tokens.png")
-        report["summary"] = summarise(report)
-    common.write_json(out_dir / "select_tokens.json", report)
-    write_markdown(report, out_dir / "select_tokens.md")
+def write_outputs(run: common.OpRun, report: dict, final: bool) -> None:
+    run.write(report, final, write_markdown, write_plot, summarise)
 
 
 # ------------------------------------------------------------------------------------ main
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.select_tokens",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="results folder (default bench/results/<device-name-slug>/; "
-                             "a temporary folder for --cpu-smoke)")
-    parser.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on CPU tensors, no Triton unless --interpret")
-    parser.add_argument("--interpret", action="store_true",
-                        help="with --cpu-smoke: also run the Triton launcher through "
-                             "Triton's interpreter")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.interpret and not args.cpu_smoke:
-        parser.error("--interpret needs --cpu-smoke")
-    return args
+    parser = common.op_parser("bench.select_tokens", __doc__.split("\n\n")[0],
+                              "tiny shapes on CPU tensors, no Triton unless --interpret")
+    return common.parse_op_args(parser, argv)
 
 
 def load_launchers(with_triton: bool) -> dict:
@@ -492,42 +472,20 @@ def load_launchers(with_triton: bool) -> dict:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    if args.cpu_smoke:
-        device, sizes, mode_name = torch.device("cpu"), SMOKE, "cpu-smoke"
-        if args.interpret:
-            os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module imports triton
-    else:
-        device, sizes, mode_name = torch.device("cuda"), QUICK if args.quick else FULL, "cuda"
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = (Path(tempfile.mkdtemp(prefix="select_tokens_smoke_")) if args.cpu_smoke
-                   else common.RESULTS_ROOT / common.device_slug())
-    timer = Timer(device, args.quick)
-    with_triton = not args.cpu_smoke or args.interpret
-    launchers = load_launchers(with_triton)
-    copy = common.copy_bandwidth(device, 8 * 2**20 if args.cpu_smoke else 2**30, timer.once)
-    print(f"copy bandwidth: {fmt(copy['gb_per_s'], 0)} GB/s", flush=True)
-    report = {
-        "benchmark": "select_tokens",
-        "date": common.utc_now(),
-        "command": common.command_line("bench.select_tokens", argv),
-        "mode": mode_name,
-        "quick": args.quick,
-        "device": common.device_info(device),
-        "versions": common.versions(),
-        "modes": list(timer.modes),
-        "triton": ("select_tokens_triton" + (" (Triton interpreter)" if args.interpret else "")
-                   if with_triton else "not run (CPU smoke run without --interpret)"),
-        "shapes": {"vocab": sizes.vocab, "rows": list(sizes.rows),
-                   "rows_per_sequence": sizes.rows_per_sequence,
-                   "dtype": str(sizes.dtype).replace("torch.", ""),
-                   "threshold": sizes.threshold, "penalty": sizes.penalty},
-        "copy_bandwidth": copy,
-        "methods": METHODS,
-        "parameters": {},
-        "complete": False,
-        "plot": "written at the end of the run",
-    }
+    sizes = SMOKE if args.cpu_smoke else QUICK if args.quick else FULL
+    bench = common.start_op_run("select_tokens", args, argv,
+                                8 * 2**20 if args.cpu_smoke else 2**30)
+    print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s", flush=True)
+    launchers = load_launchers(bench.with_triton)
+    report = bench.report(
+        triton=bench.triton_state("select_tokens_triton", "PyTorch implementation and the "
+                                  "engine sampler only"),
+        shapes={"vocab": sizes.vocab, "rows": list(sizes.rows),
+                "rows_per_sequence": sizes.rows_per_sequence,
+                "dtype": str(sizes.dtype).replace("torch.", ""),
+                "threshold": sizes.threshold, "penalty": sizes.penalty},
+        methods=METHODS, parameters={},
+    )
     context_lost = None
     for params in PARAMS:
         result = {"params": {"temperature": params.temperature, "top_k": params.top_k,
@@ -537,31 +495,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             result["error"] = f"not run: the CUDA context was lost ({context_lost})"
             continue
         cases = [(f"R={num_rows}", lambda params=params, num_rows=num_rows: run_case(
-            sizes, params, num_rows, launchers, timer, args.seed)) for num_rows in sizes.rows]
-        context_lost = common.run_cases(
-            result, cases, timer, lambda case: add_derived(case, copy["gb_per_s"]), device,
-            prefix=f"{params.name} ")
-        write_outputs(report, out_dir, final=False)  # partial results survive a crash
+            sizes, params, num_rows, launchers, bench.timer, args.seed))
+            for num_rows in sizes.rows]
+        context_lost = bench.run_group(
+            result, cases, lambda case: add_derived(case, bench.copy["gb_per_s"]),
+            lambda final: write_outputs(bench, report, final), prefix=f"{params.name} ")
     report["complete"] = context_lost is None
-    write_outputs(report, out_dir, final=True)
-    report["out_dir"] = str(out_dir)
+    write_outputs(bench, report, final=True)
+    report["out_dir"] = str(bench.out_dir)
     return report
 
 
 def failures(report: dict) -> list[str]:
     """Errors and mismatches of a finished report (the exit status is 1 if any)."""
-    found = []
-    for name, result in report["parameters"].items():
-        found += [f"{name}: {message}" for message in result.get("case_errors", [])]
-        if result.get("error"):
-            found.append(f"{name}: {result['error']}")
-        for case in result["cases"]:
-            for impl, modes in case["timings"].items():
-                found += [f"{name} R={case['params']['rows']} {impl} {mode}: {t['error']}"
-                          for mode, t in modes.items() if "error" in t]
-            found += [f"{name} R={case['params']['rows']}: {check_name} mismatch {check}"
-                      for check_name, check in case["check"].items() if not check["ok"]]
-    return found
+    return [failure for name, result in report["parameters"].items()
+            for failure in common.group_failures(result, name,
+                                                 lambda case: f"R={case['params']['rows']}")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,15 +13,23 @@ Every training sequence ``x[0..N)`` is fed twice in one forward of ``2N`` rows:
 
 * the **clean stream**: ``x`` at positions ``0..N-1``, plain causal attention, trained with
   the usual shifted next-token loss (so AR decoding of the same weights is meaningful);
-* the **masked stream**: ``x`` cut into blocks of ``B`` tokens. In each block a mask ratio
-  ``r`` is drawn uniformly (``k = ceil(r * B)`` tokens, at least one), the chosen tokens are
-  replaced by the mask token and moved behind the block's observed tokens (topological
-  reordering: a stable partition, observed first). Every row keeps its **logical** RoPE
-  position. A masked-stream row of block ``b`` attends to the clean stream of earlier
-  blocks (positions ``< b B``: the committed prefix a decode step finds in the KV cache)
-  and, causally in the reordered order, to the rows of its own block: exactly what
+* the **masked stream**: ``x`` cut into blocks of ``B`` tokens. Half of the blocks are
+  masked whole; in the others ``k`` uniform in ``1..n`` of the block's ``n`` tokens are
+  (mask ratio ``r = k / n``). Masked tokens are replaced by the mask token and moved
+  behind the block's observed tokens (topological reordering: a stable
+  partition, observed first). Every row keeps its **logical** RoPE position. A
+  masked-stream row of a block starting at position ``s`` attends to the clean stream at
+  positions ``< s`` (the committed prefix a decode step finds in the KV cache) and,
+  causally in the reordered order, to the rows of its own block: exactly what
   ``reorder_window`` + ``paged_attention`` show a window at decode time. A mask row predicts
-  the token at its own position (no shift).
+  the token at its own position (no shift). Blocks start at multiples of ``B``; with
+  ``--random-phase`` the grid starts at a random phase per batch (a first block of 1 to
+  ``B`` tokens), since a decode window's committed prefix ends anywhere (docs/contracts.md
+  says why the shipped model does without it). Whole masked blocks are what every decode
+  window starts as (the window after a prompt, and its refilled tail after each commit):
+  with ``k`` uniform alone they are 1 block in 16, and the model then committed wrong
+  digits with confidence where a count lengthens (``count: 99 `` -> ``100 100``; see
+  docs/contracts.md, "Training objective of the demo model").
 
 Loss per sequence: ``(L_mask + L_ar) / 2`` with
 ``L_mask = sum over masked tokens of CE / r_block, divided by N`` (the 1/ratio weighting of
@@ -31,7 +39,9 @@ stream.
 The data mixes low-entropy text (counting, multiplication tables, arithmetic progressions,
 letter/day/month cycles, a phrase repeated) with higher-entropy text (sentences drawn from
 a small grammar), packed into sequences of ``N`` bytes with an end-of-text token between
-finished documents. The low-entropy families are what streaming decoding turns into many
+finished documents. Counts often start at 0..12 or just before 10, 100 or 1000 (where the
+numbers lengthen, the hardest place for a parallel decoder to put each digit), and tables
+and cycles often start at their first item: the prompts a user types first. The low-entropy families are what streaming decoding turns into many
 tokens per forward; the sentences are where it falls back to about one.
 
 Deterministic: the same seed, thread count and torch build give the same weights.
@@ -136,23 +146,39 @@ def _cycle(items: list[str], start: int, separator: str, length: int) -> str:
     return separator.join(out)
 
 
+def _count_start(rng: random.Random, step: int) -> int:
+    """Where a count starts: a third of the time at 0..12 steps (the first prompt a user
+    types), a third just before 10, 100 or 1000 (so that the number lengthens within the
+    first items, which a parallel decoder must place exactly), otherwise log-uniform in
+    [1, 1000)."""
+    draw = rng.random()
+    if draw < 1 / 3:
+        start = rng.randrange(0, 13) * step
+    elif draw < 2 / 3:
+        start = rng.choice([10, 100, 1000]) - step * rng.randrange(1, 8)
+    else:
+        start = int(10 ** rng.uniform(0, 3))
+    return max(0, start // step * step)
+
+
 def pattern_document(rng: random.Random, length: int) -> str:
     """A low-entropy document of at least ``length`` characters: once its header (and, for
-    the repeat family, the phrase) is read, every later character is determined."""
-    family = rng.choice(["count", "count", "count", "table", "progression", "letters",
-                         "days", "months", "numbers", "repeat", "repeat", "repeat"])
+    the repeat family, the phrase) is read, every later character is determined. Tables and
+    cycles start at their first item a third of the time, the way a user starts them."""
+    family = rng.choice(["count"] * 6 + ["table", "table", "progression", "letters", "days",
+                                         "months", "numbers", "repeat", "repeat"])
+    from_first = rng.random() < 1 / 3
     if family == "count":
-        step = rng.choice([1, 1, 2, 5, 10])
-        start = int(10 ** rng.uniform(0, 3)) // step * step  # log-uniform in [1, 1000)
+        step = rng.choice([1, 1, 1, 2, 5, 10])
         header = "count: " if step == 1 else f"count by {step}: "
-        body, n = [], start
+        body, n = [], _count_start(rng, step)
         while len(header) + sum(len(b) + 1 for b in body) < length:
             body.append(str(n))
             n += step
         return header + " ".join(body)
     if family == "table":
         a = rng.randrange(2, 13)
-        start = rng.randrange(1, 6)
+        start = 1 if from_first else rng.randrange(1, 6)
         items = [f"{a}x{i}={a * i}" for i in range(start, start + 60)]
         return f"table of {a}: " + _cycle(items, 0, ", ", length)
     if family == "progression":
@@ -164,11 +190,12 @@ def pattern_document(rng: random.Random, length: int) -> str:
         if rng.random() < 0.5:
             letters = letters.upper()
         separator = rng.choice(["", " ", ", "])
-        return "letters: " + _cycle(list(letters), rng.randrange(26), separator, length)
+        start = 0 if from_first else rng.randrange(26)
+        return "letters: " + _cycle(list(letters), start, separator, length)
     if family == "days":
-        return "days: " + _cycle(DAYS, rng.randrange(7), ", ", length)
+        return "days: " + _cycle(DAYS, 0 if from_first else rng.randrange(7), ", ", length)
     if family == "months":
-        return "months: " + _cycle(MONTHS, rng.randrange(12), ", ", length)
+        return "months: " + _cycle(MONTHS, 0 if from_first else rng.randrange(12), ", ", length)
     if family == "numbers":
         return "numbers: " + _cycle(NUMBER_WORDS, rng.randrange(13), " ", length)
     phrase = " ".join(rng.choice(ADJECTIVES + NOUNS) for _ in range(rng.randrange(2, 5)))
@@ -324,15 +351,30 @@ class TinyQwen3(torch.nn.Module):
 # --------------------------------------------------------------------------- objective
 
 
-def dual_stream_mask(length: int, block: int) -> torch.Tensor:
+def block_bounds(length: int, block: int, phase: int = 0) -> list[tuple[int, int]]:
+    """``(start, end)`` of the masked-stream blocks of a sequence of ``length`` positions: a
+    block starts at 0 and at every position ``p`` with ``(p + phase) % block == 0``, so the
+    first block holds ``block - phase`` positions and the last may be short."""
+    starts = [0] + list(range((block - phase) % block or block, length, block))
+    return [(start, min(end, length)) for start, end in zip(starts, starts[1:] + [length])]
+
+
+def _block_of(length: int, block: int, phase: int) -> torch.Tensor:
+    """Block number of every position ``0..length)`` (see :func:`block_bounds`)."""
+    return (torch.arange(length) + phase) // block
+
+
+def dual_stream_mask(length: int, block: int, phase: int = 0) -> torch.Tensor:
     """``[2N, 2N]`` bool attention mask: rows ``0..N)`` are the clean stream (causal), rows
-    ``N..2N)`` the masked stream in reordered order; a masked-stream row of block ``b``
-    sees the clean rows at positions ``< b * block`` and its own block's rows up to itself."""
+    ``N..2N)`` the masked stream in reordered order; a masked-stream row of a block starting
+    at position ``s`` (:func:`block_bounds`) sees the clean rows at positions ``< s`` and its
+    own block's rows up to itself."""
     index = torch.arange(length)
+    block_of = _block_of(length, block, phase)
+    block_start = (block_of * block - phase).clamp(min=0)
     mask = torch.zeros(2 * length, 2 * length, dtype=torch.bool)
     mask[:length, :length] = index[None, :] <= index[:, None]
-    block_of = index // block
-    mask[length:, :length] = index[None, :] < (block_of[:, None] * block)
+    mask[length:, :length] = index[None, :] < block_start[:, None]
     mask[length:, length:] = (block_of[None, :] == block_of[:, None]) & (
         index[None, :] <= index[:, None]
     )
@@ -340,9 +382,12 @@ def dual_stream_mask(length: int, block: int) -> torch.Tensor:
 
 
 def masked_stream(
-    tokens: torch.Tensor, block: int, generator: torch.Generator
+    tokens: torch.Tensor, block: int, generator: torch.Generator, phase: int = 0,
+    all_masked: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Build the masked stream of ``tokens [B, N]`` (N a multiple of ``block``).
+    """Build the masked stream of ``tokens [B, N]`` cut into the blocks of
+    :func:`block_bounds` (``block``, ``phase``). A block is masked whole with probability
+    ``all_masked``, else ``k`` uniform in ``1..n`` of its ``n`` tokens are.
 
     Returns ``(input_ids, positions, targets, weights)``, each ``[B, N]`` in reordered
     (physical) order: observed tokens of a block first, then its masks; ``targets`` is the
@@ -350,29 +395,45 @@ def masked_stream(
     observed rows.
     """
     batch, length = tokens.shape
-    blocks = length // block
-    # per block: k ~ uniform{1..block} masked tokens (ratio r = k / block), chosen uniformly
-    num_masked = torch.randint(1, block + 1, (batch, blocks, 1), generator=generator)
-    ranks = torch.rand(batch, blocks, block, generator=generator).argsort(dim=-1).argsort(dim=-1)
-    is_mask = ranks < num_masked  # [B, blocks, block]
-    # stable partition: observed slots (key 0) before mask slots (key 1), slot order kept
-    slot = torch.arange(block)
-    order = (is_mask.long() * block + slot).argsort(dim=-1)  # [B, blocks, block]
-    base = (torch.arange(blocks) * block)[None, :, None]
-    positions = (base + order).reshape(batch, length)
+    # Work on ``phase`` padding slots + the sequence + padding up to whole blocks: slot j is
+    # position j - phase, and every block is a row of ``block`` slots.
+    blocks = -(-(length + phase) // block)
+    slot = torch.arange(blocks * block).view(blocks, block)
+    position = slot - phase
+    real = (position >= 0) & (position < length)  # [blocks, block]
+    real_count = real.sum(-1)  # positions per block, >= 1
+    # per block: k ~ uniform{1..n} masked tokens of its n positions (ratio r = k / n),
+    # chosen uniformly among them
+    draw = torch.rand(batch, blocks, 1, generator=generator)
+    num_masked = (draw * real_count[:, None]).long() + 1
+    if all_masked > 0:  # (no draw otherwise: the random stream stays that of older runs)
+        whole = torch.rand(batch, blocks, 1, generator=generator) < all_masked
+        num_masked = torch.where(whole, real_count[:, None], num_masked)
+    keys = torch.rand(batch, blocks, block, generator=generator).masked_fill(~real, 2.0)
+    ranks = keys.argsort(dim=-1).argsort(dim=-1)  # padding slots rank last
+    is_mask = (ranks < num_masked) & real  # [B, blocks, block]
+    # stable partition of each block: leading padding, observed slots, mask slots, trailing
+    # padding (slot order kept within each); dropping the padding leaves N rows
+    kind = torch.where(real, 1 + is_mask.long(), torch.where(position < 0, 0, 3))
+    order = (kind * block + torch.arange(block)).argsort(dim=-1)  # [B, blocks, block]
+    keep = slice(phase, phase + length)
+    positions = (slot[:, :1] + order - phase).reshape(batch, -1)[:, keep]
     original = tokens.gather(1, positions)
-    reordered_mask = is_mask.gather(-1, order).reshape(batch, length)
+    reordered_mask = is_mask.gather(-1, order).reshape(batch, -1)[:, keep]
     input_ids = torch.where(reordered_mask, torch.full_like(original, MASK_ID), original)
-    ratio = (num_masked.float() / block).expand(batch, blocks, block).reshape(batch, length)
-    weights = reordered_mask.float() / ratio
+    ratio = (num_masked.float() / real_count[:, None]).expand(batch, blocks, block)
+    weights = reordered_mask.float() / ratio.reshape(batch, -1)[:, keep]
     return input_ids, positions, original, weights
 
 
 def wedlm_loss(model: TinyQwen3, tokens: torch.Tensor, block: int, attention_mask: torch.Tensor,
-               generator: torch.Generator) -> tuple[torch.Tensor, float, float]:
-    """``(loss, masked loss, AR loss)`` of one batch ``tokens [B, N]`` (module docstring)."""
+               generator: torch.Generator, phase: int = 0,
+               all_masked: float = 0.0) -> tuple[torch.Tensor, float, float]:
+    """``(loss, masked loss, AR loss)`` of one batch ``tokens [B, N]`` (module docstring);
+    ``attention_mask`` is ``dual_stream_mask(N, block, phase)``."""
     batch, length = tokens.shape
-    masked_ids, masked_positions, targets, weights = masked_stream(tokens, block, generator)
+    masked_ids, masked_positions, targets, weights = masked_stream(tokens, block, generator,
+                                                                   phase, all_masked)
     clean_positions = torch.arange(length).expand(batch, length)
     logits = model(torch.cat([tokens, masked_ids], dim=1),
                    torch.cat([clean_positions, masked_positions], dim=1), attention_mask)
@@ -390,7 +451,7 @@ def wedlm_loss(model: TinyQwen3, tokens: torch.Tensor, block: int, attention_mas
 
 @dataclass
 class TrainConfig:
-    steps: int = 3600
+    steps: int = 4400
     batch_size: int = 16
     seq_len: int = 128
     block: int = 16  # masked-stream block size (the decode window of the demo)
@@ -398,6 +459,8 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 0.1
     seed: int = 0
+    random_phase: bool = False  # blocks start at a random phase per batch (dual_stream_mask)
+    all_masked: float = 0.5  # probability that a block is masked whole (masked_stream)
 
 
 def train(model_config: TinyConfig, train_config: TrainConfig, log=print) -> TinyQwen3:
@@ -423,14 +486,17 @@ def train(model_config: TinyConfig, train_config: TrainConfig, log=print) -> Tin
         progress = (step - t.warmup) / max(1, t.steps - t.warmup)
         return t.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    attention_mask = dual_stream_mask(t.seq_len, t.block)
+    masks = [dual_stream_mask(t.seq_len, t.block, phase)
+             for phase in range(t.block if t.random_phase else 1)]
     start = time.perf_counter()
     running = None
     for step in range(t.steps):
         tokens = torch.tensor([training_sequence(rng, t.seq_len) for _ in range(t.batch_size)])
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        loss, mask_loss, ar_loss = wedlm_loss(model, tokens, t.block, attention_mask, generator)
+        phase = rng.randrange(t.block) if t.random_phase else 0  # (module docstring)
+        loss, mask_loss, ar_loss = wedlm_loss(model, tokens, t.block, masks[phase], generator,
+                                              phase, t.all_masked)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -472,11 +538,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--random-phase", action="store_true",
+                        help="start each batch's masked-stream blocks at a random phase")
+    parser.add_argument("--all-masked", type=float, default=defaults.all_masked,
+                        help="probability that a masked-stream block is masked whole")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (the weights depend on it; 1 gives the same "
+                             "weights on every machine)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size,
                                seq_len=args.seq_len, lr=args.lr, seed=args.seed,
+                               random_phase=args.random_phase, all_masked=args.all_masked,
                                warmup=min(defaults.warmup, max(1, args.steps // 10)))
     log = (lambda *_: None) if args.quiet else (lambda text: print(text, flush=True))
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()

@@ -45,6 +45,28 @@ PATTERNS = {
 }
 
 
+def _count_from(first: int, given: int) -> tuple[str, str]:
+    """``count: `` with ``given`` numbers from ``first``, and the numbers that follow."""
+    numbers = [str(n) for n in range(first, first + 60)]
+    return "count: " + " ".join(numbers[:given]) + " ", " ".join(numbers[given:])
+
+
+# The prompts a user types first (counting from 0, 1, 9, 99 with one or two numbers given,
+# letters from a, tables from x1, days and months from their first item) -> what follows.
+FIRST_PROMPTS = dict(
+    [_count_from(first, given) for first in (0, 1, 9, 99) for given in (1, 2)]
+    + [
+        ("letters: a ", _cycle("abcdefghijklmnopqrstuvwxyz", 1, " ")),
+        ("letters: a b ", _cycle("abcdefghijklmnopqrstuvwxyz", 2, " ")),
+        ("letters: A, ", _cycle("ABCDEFGHIJKLMNOPQRSTUVWXYZ", 1, ", ")),
+        ("days: monday, ", _cycle(DAYS, 1, ", ")),
+        ("months: january, ", _cycle(MONTHS, 1, ", ")),
+    ]
+    + [(f"table of {a}: {a}x1={a}, ", ", ".join(f"{a}x{i}={a * i}" for i in range(2, 40)))
+       for a in (2, 3, 7, 9, 12)]
+)
+
+
 def held_out_patterns(count: int = 64) -> list[tuple[str, str, str]]:
     """``(family, prompt, continuation)``: training-distribution documents cut after the
     header and about 16 more characters (at a space when there is one nearby)."""
@@ -124,6 +146,23 @@ def test_model_continues_its_training_patterns(decoded, run):
     assert all(r.finish_reason == "length" for r in decoded[run].values())
 
 
+@pytest.fixture(scope="module")
+def default_generator(model, tokenizer):
+    """A Generator at its defaults: window 16 (threshold 0.4 and penalty 0.02 come from
+    SamplingParams' defaults)."""
+    return Generator(model, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("prompt", list(FIRST_PROMPTS))
+def test_streaming_at_the_defaults_continues_the_first_prompts_a_user_types(default_generator,
+                                                                            prompt):
+    """Each prompt decoded alone, as ``python -m model_min generate`` does."""
+    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=(EOS_ID,))
+    assert default_generator.window == 16 and (params.threshold, params.penalty) == (0.4, 0.02)
+    [result] = default_generator.generate([prompt], params)
+    assert result.text == FIRST_PROMPTS[prompt][:MAX_NEW]
+
+
 def test_streaming_commits_at_least_three_tokens_per_forward(decoded):
     per_prompt = {p: r.tokens_per_forward for p, r in decoded["streaming"].items()}
     assert sum(per_prompt.values()) / len(per_prompt) >= 3.0, per_prompt
@@ -143,9 +182,9 @@ def test_streaming_output_equals_one_token_per_step(decoded):
 
 def test_held_out_patterns_are_continued_in_every_family(held_out):
     """Bars with margin under what the shipped model measures (README, "The demo model"):
-    AR right on nearly every held-out prompt; streaming right on nearly every prompt of the
-    counting/table/cycle families; the repeated phrase (copying an unseen phrase) is the
-    model's weak family in parallel decoding and is only counted."""
+    every mode right on nearly every prompt of the counting/table/cycle families; the
+    repeated phrase (copying an unseen phrase) is the model's weak family, with a floor for
+    AR only."""
     cases, results = held_out
     total, right = Counter(), {run: Counter() for run in RUNS}
     for i, (family, _, expected) in enumerate(cases):
@@ -154,9 +193,9 @@ def test_held_out_patterns_are_continued_in_every_family(held_out):
             right[run][family] += results[run][i].text == expected
     assert set(total) == {"count", "table", "sums", "letters", "days", "months", "numbers",
                           "repeat"}
-    assert sum(right["ar"].values()) >= 0.9 * len(cases), right["ar"]
     not_repeat = len(cases) - total["repeat"]
-    for run in ("streaming", "one_per_step", "blockwise"):
+    assert right["ar"]["repeat"] >= total["repeat"] / 3, right["ar"]
+    for run in RUNS:
         assert sum(right[run].values()) - right[run]["repeat"] >= 0.9 * not_repeat, right[run]
 
 

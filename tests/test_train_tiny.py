@@ -48,29 +48,63 @@ def test_dual_stream_mask_matches_hand_built_example():
     assert torch.equal(tt.dual_stream_mask(4, 2), expected)
 
 
+def test_dual_stream_mask_with_a_phase_matches_hand_built_example():
+    # N = 5, block = 4, phase = 2: blocks are positions [0, 2) and [2, 5). Masked rows 5, 6
+    # (first block) see no clean row; rows 7..9 see clean positions 0 and 1. Each masked row
+    # sees its own block's rows up to itself.
+    mask = tt.dual_stream_mask(5, 4, phase=2)
+    clean_part = torch.tensor([[0, 0, 0, 0, 0],
+                               [0, 0, 0, 0, 0],
+                               [1, 1, 0, 0, 0],
+                               [1, 1, 0, 0, 0],
+                               [1, 1, 0, 0, 0]], dtype=torch.bool)
+    masked_part = torch.tensor([[1, 0, 0, 0, 0],
+                                [1, 1, 0, 0, 0],
+                                [0, 0, 1, 0, 0],
+                                [0, 0, 1, 1, 0],
+                                [0, 0, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask[5:, :5], clean_part)
+    assert torch.equal(mask[5:, 5:], masked_part)
+    assert torch.equal(mask[:5, :5], torch.ones(5, 5, dtype=torch.bool).tril())
+    assert not mask[:5, 5:].any()
+
+
+@pytest.mark.parametrize(("length", "block", "phase", "bounds"), [
+    (20, 8, 0, [(0, 8), (8, 16), (16, 20)]),
+    (16, 8, 0, [(0, 8), (8, 16)]),
+    (20, 8, 3, [(0, 5), (5, 13), (13, 20)]),
+    (20, 8, 7, [(0, 1), (1, 9), (9, 17), (17, 20)]),
+    (4, 8, 3, [(0, 4)]),
+])
+def test_block_bounds_start_where_position_plus_phase_is_a_multiple_of_the_block(
+        length, block, phase, bounds):
+    assert tt.block_bounds(length, block, phase) == bounds
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_masked_stream_reorders_each_block_observed_first(seed):
+@pytest.mark.parametrize("phase", [0, 5, 15])
+def test_masked_stream_reorders_each_block_observed_first(seed, phase):
     generator = torch.Generator().manual_seed(seed)
     batch, length, block = 3, 48, 16
     tokens = torch.randint(0, 256, (batch, length), generator=generator)
-    input_ids, positions, targets, weights = tt.masked_stream(tokens, block, generator)
+    input_ids, positions, targets, weights = tt.masked_stream(tokens, block, generator, phase)
     for b in range(batch):
-        for start in range(0, length, block):
-            rows = slice(start, start + block)
+        for start, end in tt.block_bounds(length, block, phase):
+            size, rows = end - start, slice(start, end)
             pos = positions[b, rows].tolist()
-            assert sorted(pos) == list(range(start, start + block))  # a permutation of the block
+            assert sorted(pos) == list(range(start, end))  # a permutation of the block
             is_mask = (input_ids[b, rows] == tt.MASK_ID).tolist()
             masked = sum(is_mask)
-            assert 1 <= masked <= block
-            assert is_mask == [False] * (block - masked) + [True] * masked  # observed first
-            observed, mask_pos = pos[: block - masked], pos[block - masked:]
+            assert 1 <= masked <= size
+            assert is_mask == [False] * (size - masked) + [True] * masked  # observed first
+            observed, mask_pos = pos[: size - masked], pos[size - masked:]
             assert observed == sorted(observed) and mask_pos == sorted(mask_pos)  # stable
             for j, p in enumerate(pos):
                 assert targets[b, start + j] == tokens[b, p]
                 if not is_mask[j]:
                     assert input_ids[b, start + j] == tokens[b, p]
-            # 1/ratio weighting: ratio = masked / block on every mask row, 0 on observed rows
-            expected = [0.0] * (block - masked) + [block / masked] * masked
+            # 1/ratio weighting: ratio = masked / size on every mask row, 0 on observed rows
+            expected = [0.0] * (size - masked) + [size / masked] * masked
             assert weights[b, rows].tolist() == pytest.approx(expected)
 
 
@@ -83,6 +117,17 @@ def test_mask_ratio_is_uniform_over_block_sizes():
     assert counts[0] == 0
     # 2000 draws from uniform{1..4}: 500 each, standard deviation ~19
     assert ((counts[1:].float() - 500).abs() < 100).all(), counts
+
+
+def test_all_masked_masks_that_share_of_blocks_whole():
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(2000, 4, dtype=torch.long)
+    input_ids, _, _, weights = tt.masked_stream(tokens, 4, generator, all_masked=1.0)
+    assert (input_ids == tt.MASK_ID).all() and (weights == 1.0).all()
+    input_ids, *_ = tt.masked_stream(tokens, 4, generator, all_masked=0.5)
+    counts = torch.bincount((input_ids == tt.MASK_ID).sum(-1), minlength=5)
+    # whole blocks: 1/2 + 1/2 * 1/4 of 2000 = 1250 (sd ~19); each other count 250 (sd ~15)
+    assert abs(int(counts[4]) - 1250) < 100 and ((counts[1:4] - 250).abs() < 80).all(), counts
 
 
 def _saved_small_model(tmp_path, seed=0):
@@ -98,28 +143,32 @@ def _saved_small_model(tmp_path, seed=0):
     return model
 
 
-def test_training_forward_equals_reference_forward_on_both_streams(tmp_path):
+@pytest.mark.parametrize("phase", [0, 3])
+def test_training_forward_equals_reference_forward_on_both_streams(tmp_path, phase):
     """The model the trainer optimises is the model the decoder runs: the clean stream equals
     a causal forward, and every masked-stream block equals a causal forward over the clean
-    prefix followed by the block's reordered rows (what a decode step feeds)."""
+    prefix followed by the block's reordered rows (what a decode step feeds), wherever the
+    blocks start."""
     model = _saved_small_model(tmp_path)
     weights = ref_model.load_weights(tmp_path)
     config = ref_model.load_config(tmp_path)
     generator = torch.Generator().manual_seed(1)
     length, block = 32, 8
     tokens = torch.randint(0, 256, (1, length), generator=generator)
-    masked_ids, masked_positions, _, _ = tt.masked_stream(tokens, block, generator)
+    masked_ids, masked_positions, _, _ = tt.masked_stream(tokens, block, generator, phase)
     with torch.no_grad():
         logits = model(torch.cat([tokens, masked_ids], 1),
                        torch.cat([torch.arange(length)[None], masked_positions], 1),
-                       tt.dual_stream_mask(length, block))[0].double()
+                       tt.dual_stream_mask(length, block, phase))[0].double()
     clean = ref_model.forward(weights, config, tokens[0], torch.arange(length))
     torch.testing.assert_close(logits[:length], clean, rtol=1e-4, atol=1e-4)
-    for start in range(0, length, block):
-        ids = torch.cat([tokens[0, :start], masked_ids[0, start:start + block]])
-        positions = torch.cat([torch.arange(start), masked_positions[0, start:start + block]])
+    bounds = tt.block_bounds(length, block, phase)
+    assert len(bounds) == (4 if phase == 0 else 5)
+    for start, end in bounds:
+        ids = torch.cat([tokens[0, :start], masked_ids[0, start:end]])
+        positions = torch.cat([torch.arange(start), masked_positions[0, start:end]])
         expected = ref_model.forward(weights, config, ids, positions)[start:]
-        torch.testing.assert_close(logits[length + start:length + start + block], expected,
+        torch.testing.assert_close(logits[length + start:length + end], expected,
                                    rtol=1e-4, atol=1e-4)
 
 
@@ -169,8 +218,9 @@ def test_count_documents_count():
         assert numbers == list(range(numbers[0], numbers[0] + step * len(numbers), step))
 
 
-def _train_small(seed, steps=3):
-    config = tt.TrainConfig(steps=steps, batch_size=2, seq_len=32, block=8, warmup=1, seed=seed)
+def _train_small(seed, steps=3, random_phase=False):
+    config = tt.TrainConfig(steps=steps, batch_size=2, seq_len=32, block=8, warmup=1, seed=seed,
+                            random_phase=random_phase)
     model = tt.train(SMALL, config, log=lambda *_: None)
     return model.state_dict_for_save()
 
@@ -179,6 +229,13 @@ def test_training_is_deterministic_for_a_seed():
     first, second, other = _train_small(0), _train_small(0), _train_small(1)
     assert all(torch.equal(first[name], second[name]) for name in first)
     assert not all(torch.equal(first[name], other[name]) for name in first)
+
+
+def test_random_phase_training_is_deterministic_and_trains_differently():
+    first, second = _train_small(0, random_phase=True), _train_small(0, random_phase=True)
+    aligned = _train_small(0)
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert not all(torch.equal(first[name], aligned[name]) for name in first)
 
 
 def test_training_lowers_the_loss():

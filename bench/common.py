@@ -424,7 +424,8 @@ def bench_main(
 #     parse_args(argv)  = op_parser(...) + the script's own options, checked by parse_op_args
 #     run(args, argv)   : run = start_op_run(...); report = run.report(shapes=..., ...);
 #                         groups of cases through run.run_group (partial results written
-#                         after each); run.finish(report, ...)
+#                         after each); run.write(report, final=True, ...) adds the plot
+#                         and the summary
 #     failures(report)  : group_failures(...) per group of cases
 #     main(argv)        = bench_main(argv, parse_args, run, failures, "<name>.md")
 

@@ -16,11 +16,11 @@ Every training sequence ``x[0..N)`` is fed twice in one forward of ``2N`` rows:
 * the **masked stream**: ``x`` cut into blocks of ``B`` tokens. Half of the blocks are
   masked whole; in the others ``k`` uniform in ``1..n`` of the block's ``n`` tokens are
   (mask ratio ``r = k / n``). Masked tokens are replaced by the mask token and moved
-  behind the block's observed tokens (topological reordering: a stable
-  partition, observed first). Every row keeps its **logical** RoPE position. A
-  masked-stream row of a block starting at position ``s`` attends to the clean stream at
-  positions ``< s`` (the committed prefix a decode step finds in the KV cache) and,
-  causally in the reordered order, to the rows of its own block: exactly what
+  behind the block's observed tokens (topological reordering: a stable partition, observed
+  first). Every row keeps its **logical** RoPE position. A masked-stream row of a block
+  starting at position ``s`` attends to the clean stream at positions ``< s`` (the
+  committed prefix a decode step finds in the KV cache) and, causally in the reordered
+  order, to the rows of its own block: exactly what
   ``reorder_window`` + ``paged_attention`` show a window at decode time. A mask row predicts
   the token at its own position (no shift). Blocks start at multiples of ``B``; with
   ``--random-phase`` the grid starts at a random phase per batch (a first block of 1 to
@@ -41,8 +41,9 @@ letter/day/month cycles, a phrase repeated) with higher-entropy text (sentences 
 a small grammar), packed into sequences of ``N`` bytes with an end-of-text token between
 finished documents. Counts often start at 0..12 or just before 10, 100 or 1000 (where the
 numbers lengthen, the hardest place for a parallel decoder to put each digit), and tables
-and cycles often start at their first item: the prompts a user types first. The low-entropy families are what streaming decoding turns into many
-tokens per forward; the sentences are where it falls back to about one.
+and cycles often start at their first item: the prompts a user types first. The
+low-entropy families are what streaming decoding turns into many tokens per forward; the
+sentences are where it falls back to about one.
 
 Deterministic: the same seed, thread count and torch build give the same weights.
 """
@@ -355,8 +356,9 @@ def block_bounds(length: int, block: int, phase: int = 0) -> list[tuple[int, int
     """``(start, end)`` of the masked-stream blocks of a sequence of ``length`` positions: a
     block starts at 0 and at every position ``p`` with ``(p + phase) % block == 0``, so the
     first block holds ``block - phase`` positions and the last may be short."""
-    starts = [0] + list(range((block - phase) % block or block, length, block))
-    return [(start, min(end, length)) for start, end in zip(starts, starts[1:] + [length])]
+    block_of = _block_of(length, block, phase).tolist()
+    starts = [p for p in range(length) if p == 0 or block_of[p] != block_of[p - 1]]
+    return list(zip(starts, starts[1:] + [length]))
 
 
 def _block_of(length: int, block: int, phase: int) -> torch.Tensor:
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                              "weights on every machine)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.all_masked <= 1.0:
+        parser.error(f"--all-masked is a probability in [0, 1], got {args.all_masked}")
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size,
                                seq_len=args.seq_len, lr=args.lr, seed=args.seed,
                                random_phase=args.random_phase, all_masked=args.all_masked,

@@ -267,3 +267,12 @@ def test_command_line_writes_a_loadable_checkpoint_and_restores_torch_settings(t
     assert model.config.num_layers == tt.TinyConfig().num_hidden_layers
     assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors",
                                                "tokenizer.json", "generation_config.json"}
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5"])
+def test_all_masked_outside_zero_to_one_is_refused_naming_the_option(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        tt.main(["--out", str(tmp_path / "model"), "--all-masked", value])
+    assert exit_info.value.code == 2
+    assert "--all-masked" in capsys.readouterr().err
+    assert not (tmp_path / "model").exists()

@@ -28,9 +28,14 @@ USE_LIGER = os.environ.get("MODEL_MIN_LIGER", "1").strip().lower() not in ("0", 
 
 @functools.cache
 def liger_functions():
-    """``(LigerRMSNormFunction, LigerFusedAddRMSNormFunction)``, or None without Liger."""
+    """``(LigerRMSNormFunction, LigerFusedAddRMSNormFunction)``, or None without Liger.
+
+    Imported from their own modules: the names ``liger_kernel.ops`` exports can be replaced
+    by another implementation (``LIGER_KERNEL_IMPL``), whose roundings are not the ones
+    described above."""
     try:
-        from liger_kernel.ops import LigerFusedAddRMSNormFunction, LigerRMSNormFunction
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except ImportError:
         return None
     return LigerRMSNormFunction, LigerFusedAddRMSNormFunction

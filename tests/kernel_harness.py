@@ -100,7 +100,8 @@ def compile_sm90(variant: KernelVariant):
         return triton.compile(
             source,
             target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                     "enable_fp_fusion": variant.enable_fp_fusion},
         )
 
 

@@ -124,6 +124,12 @@ MUTATIONS: list[Mutation] = [
     ),
     # ------------------------------------------------------------ select_tokens, kernels
     Mutation(
+        "select-kernel-arrivals-not-reset", SELECT,
+        (("        tl.store(arrivals_ptr + row, 0)\n", ""),),
+        ("tests/test_select_tokens_race.py",),
+        "the scan leaves the filter's arrival count of the last launch in the workspace",
+    ),
+    Mutation(
         "select-kernel-threshold-not-strict", SELECT,
         (("passes = valid & (adjusted < threshold)", "passes = valid & (adjusted <= threshold)"),),
         SELECT_KERNEL_TESTS, "a row exactly at its threshold is selected",
@@ -443,6 +449,15 @@ MUTATIONS: list[Mutation] = [
         DECODER_TESTS, "sampled tokens land in their slot before the commit shift",
     ),
     # ------------------------------------------------------------ model_min's decode step
+    Mutation(
+        "model-min-liger-from-the-redirectable-package", "model_min/layers.py",
+        (("        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction\n"
+          "        from liger_kernel.ops.rms_norm import LigerRMSNormFunction\n",
+          "        from liger_kernel.ops import LigerFusedAddRMSNormFunction, LigerRMSNormFunction\n"),),
+        ("tests/test_model_min_layers.py",),
+        "Liger's norms taken from liger_kernel.ops, which LIGER_KERNEL_IMPL can redirect",
+        keyword="redirectable",
+    ),
     Mutation(
         "model-min-mask-rows-at-physical-positions", "model_min/generator.py",
         (("positions.index_select(0, mask_row), -1)",

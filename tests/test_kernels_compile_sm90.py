@@ -37,7 +37,9 @@ for name, (module, _) in sorted(_library.OPS.items()):
         try:
             compiled = compile_sm90(variant)
             status = "ok" if compiled.asm.get("cubin") else "no cubin"
-            results[f"{name}:{variant.name}"] = dict(status=status, **ptxas_resources(compiled))
+            results[f"{name}:{variant.name}"] = dict(
+                status=status, fused_multiply_adds=compiled.asm["ptx"].count("fma.rn.f32"),
+                enable_fp_fusion=variant.enable_fp_fusion, **ptxas_resources(compiled))
         except Exception as error:
             results[f"{name}:{variant.name}"] = dict(
                 status=f"{type(error).__name__}: {error}"[-3000:])
@@ -78,3 +80,24 @@ def test_no_kernel_variant_spills_registers_to_local_memory(compile_results):
     unexpected = {variant: size for variant, size in spills.items()
                   if size > KNOWN_SPILL_BYTES.get(variant, 0)}
     assert not unexpected, unexpected
+
+
+@pytest.mark.skipif(not VARIANT_IDS, reason="no Triton kernel yet")
+def test_kernels_launched_without_fp_fusion_contain_no_fused_multiply_add(compile_results):
+    """select_tokens' per-sequence kernel rounds ``entropy + penalty * distance`` twice, as
+    the PyTorch path does: compiled with fusion (the default) that line is one FMA."""
+    unfused = {variant: result for variant, result in compile_results.items()
+               if not result["enable_fp_fusion"]}
+    assert any(variant.startswith("select_tokens:sequences") for variant in unfused)
+    assert {variant: result["fused_multiply_adds"] for variant, result in unfused.items()
+            if result["fused_multiply_adds"]} == {}
+
+
+@pytest.mark.skipif(not VARIANT_IDS, reason="no Triton kernel yet")
+def test_select_kernels_compile_with_the_alignment_real_launches_get(compile_results):
+    """A launch on a model whose vocabulary size and row stride are multiples of 16 (most
+    are) specialises on it, as on the split size (always a multiple of 16): those variants
+    are compiled too (and checked for spills above)."""
+    for kernel in ("scan", "filter"):
+        for dtype in ("fp32", "fp16", "bf16"):
+            assert f"select_tokens:{kernel}_{dtype}_aligned16" in compile_results

@@ -2,6 +2,9 @@
 have Hugging Face Qwen's numerics on every path; on CUDA the whole forward is compared with
 transformers' Qwen3 in bf16."""
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,6 +52,31 @@ def test_cpu_tensors_never_take_the_liger_path(monkeypatch):
     layers.add_rms_norm(x, x, torch.ones(8), 1e-6)
 
 
+def test_liger_functions_come_from_their_modules_not_the_redirectable_package(
+        tmp_path, monkeypatch):
+    """``liger_kernel.ops`` re-exports its Function classes and may replace them with another
+    implementation (LIGER_KERNEL_IMPL); model_min takes the ones of the rms_norm and
+    fused_add_rms_norm modules. A stand-in package exports impostors from ``ops``."""
+    ops = tmp_path / "liger_kernel" / "ops"
+    ops.mkdir(parents=True)
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    (ops / "__init__.py").write_text(
+        "LigerRMSNormFunction = 'redirected'\nLigerFusedAddRMSNormFunction = 'redirected'\n")
+    (ops / "rms_norm.py").write_text("LigerRMSNormFunction = 'rms_norm module'\n")
+    (ops / "fused_add_rms_norm.py").write_text(
+        "LigerFusedAddRMSNormFunction = 'fused_add_rms_norm module'\n")
+    for name in [name for name in sys.modules if name.split(".")[0] == "liger_kernel"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    layers.liger_functions.cache_clear()
+    try:
+        assert layers.liger_functions() == ("rms_norm module", "fused_add_rms_norm module")
+    finally:
+        layers.liger_functions.cache_clear()
+        for name in [name for name in sys.modules if name.split(".")[0] == "liger_kernel"]:
+            del sys.modules[name]  # the stand-ins; monkeypatch restores a real Liger
+
+
 # ---------------------------------------------------------------------------- GPU only
 
 
@@ -60,6 +88,8 @@ def test_cuda_bf16_forward_tracks_transformers_qwen3(tmp_path, monkeypatch, use_
     every layer in different orders on both sides, so the logits agree to bf16 precision,
     relative to their spread."""
     if use_liger and layers.liger_functions() is None:
+        if os.environ.get("MODEL_MIN_REQUIRE_LIGER") == "1":  # set by bench/gpu_check.sh
+            pytest.fail("liger-kernel is not importable and MODEL_MIN_REQUIRE_LIGER=1")
         pytest.skip("liger-kernel is not installed")
     monkeypatch.setattr(layers, "USE_LIGER", use_liger)
     hf = build_tiny_model("qwen3", seed=5)

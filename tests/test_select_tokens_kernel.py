@@ -557,6 +557,39 @@ def test_penalty_counts_from_the_smallest_valid_row_pos_and_threshold_is_strict(
     assert entropy[1] == 0
 
 
+def _two_roundings_apart(entropy: float, distance: int) -> tuple[float, float, float]:
+    """A penalty p for which fp32(entropy + fp32(p * distance)) and the fused fp32(entropy +
+    p * distance) (one rounding, as an FMA computes it) differ, and both values."""
+    rng = np.random.default_rng(int(distance))
+    e, d = np.float32(entropy), np.float32(distance)
+    for _ in range(100000):
+        p = np.float32(rng.uniform(0.001, 0.05))
+        twice = np.float32(e + np.float32(p * d))
+        fused = np.float32(np.float64(e) + np.float64(p) * np.float64(d))
+        if twice != fused:
+            return float(p), float(twice), float(fused)
+    raise AssertionError("no penalty found whose two roundings differ")
+
+
+@pytest.mark.parametrize("distance", [3, 7, 13])
+def test_adjusted_entropy_rounds_twice_like_pytorch_at_a_knife_edge_threshold(distance):
+    """``entropy + penalty * distance`` is rounded after the product and after the sum (as
+    the PyTorch path computes it), not once as a fused multiply-add: the threshold is set
+    between the two results, so each way of rounding selects the row differently."""
+    peaked = [2.0, 0.5, 0.0, -1.0, 0.25]
+    h = float(run_kernel(one_sequence([peaked], [0]))[2][0])  # the kernel's entropy
+    penalty, twice, fused = _two_roundings_apart(h, distance)
+    threshold = max(twice, fused)  # strict: only the smaller value passes
+    args = one_sequence([peaked, peaked], [0, distance], threshold=threshold, penalty=penalty)
+    _, selected, entropy, _ = run_kernel(args)
+    assert float(entropy[1]) == h
+    assert bool(selected[1]) == (twice < threshold)
+    _, torch_selected, torch_entropy = select_tokens_torch(*args)
+    torch_twice = np.float32(np.float32(torch_entropy[1]) + np.float32(
+        np.float32(penalty) * np.float32(distance)))
+    assert bool(torch_selected[1]) == (torch_twice < threshold)
+
+
 def test_rows_outside_every_sequence_and_sequences_without_valid_rows():
     garbage, row = [NAN, INF, 2.0], [0.0, 3.0, 1.0]
     # row 0 is before cu_rows[0], row 2 has row_pos -1, row 4 is after cu_rows[-1];
@@ -677,11 +710,11 @@ class _RecordingKernel:
         self.name, self.launches = name, launches
 
     def __getitem__(self, grid):
-        def launch(*args, num_warps, **constexprs):
+        def launch(*args, num_warps, enable_fp_fusion=True, **constexprs):
             types = [POINTER_TYPES[a.dtype] if isinstance(a, torch.Tensor) else "i32"
                      for a in args]
             self.launches.append((self.name, tuple(types), tuple(sorted(constexprs.items())),
-                                  num_warps))
+                                  num_warps, enable_fp_fusion))
         return launch
 
 
@@ -692,7 +725,7 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
     listed = {
         (variant.name.split("_")[0], tuple(t for t in variant.signature.values()
                                            if t != "constexpr"),
-         tuple(sorted(variant.constexprs.items())), variant.num_warps)
+         tuple(sorted(variant.constexprs.items())), variant.num_warps, variant.enable_fp_fusion)
         for variant in variants
     }
     launches = []

@@ -41,6 +41,9 @@ class KernelVariant:
     # specialises on that, as on 16-byte aligned pointers; the sm_90 compile of the tests
     # assumes both, like a launch with typical arguments)
     divisible_by_16: tuple[str, ...] = ()
+    # False where the launcher passes enable_fp_fusion=False (no contraction of a * b + c
+    # into one fused multiply-add, so the kernel rounds like the PyTorch path)
+    enable_fp_fusion: bool = True
 
 
 def next_power_of_2(n: int) -> int:

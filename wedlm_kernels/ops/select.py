@@ -517,6 +517,13 @@ def _row_mode(temperature, top_k, top_p, vocab_size):
 
 
 @triton.jit
+def _sequence_mode(temperature_ptr, top_k_ptr, top_p_ptr, sequence, vocab_size):
+    """:func:`_row_mode` of sequence ``sequence``, from its parameters in memory."""
+    return _row_mode(tl.load(temperature_ptr + sequence), tl.load(top_k_ptr + sequence),
+                     tl.load(top_p_ptr + sequence), vocab_size)
+
+
+@triton.jit
 def _select_scan_kernel(
     logits_ptr,  # [R, V], unit last stride
     cu_rows_ptr,  # [B + 1] int32
@@ -576,8 +583,8 @@ def _select_scan_kernel(
     if valid:
         temperature = tl.load(temperature_ptr + sequence)
         seed = tl.load(seed_ptr + sequence)
-        sampling, top_k_on, top_p_on = _row_mode(temperature, tl.load(top_k_ptr + sequence),
-                                                 tl.load(top_p_ptr + sequence), vocab_size)
+        sampling, top_k_on, top_p_on = _sequence_mode(
+            temperature_ptr, top_k_ptr, top_p_ptr, sequence, vocab_size)
         filtered = top_k_on | top_p_on
         draw = sampling & ~top_k_on  # the Gumbel scores here: temperature only, or top-p
         row_ptr = logits_ptr + row * logits_row_stride
@@ -611,12 +618,17 @@ def _select_scan_kernel(
             run_sum += tl.sum(weight, axis=0)
             run_gap += tl.sum(weight * tl.maximum(gap, -1e30), axis=0)
 
-            if filtered:
+            # the row's mode is reloaded per tile (three cached loads) rather than kept:
+            # held across the tile, ptxas spilled the flags around the division's slow-path
+            # calls when the launch specialises vocab_size, split_size and the row stride
+            sampling, top_k_on, top_p_on = _sequence_mode(
+                temperature_ptr, top_k_ptr, top_p_ptr, sequence, vocab_size)
+            if top_k_on | top_p_on:
                 granule = tile_start // _GRANULE + tl.arange(0, TILE_GRANULES)
                 x_granules = tl.reshape(tl.where(x == x, x, _NEG_INF), [TILE_GRANULES, _GRANULE])
                 tl.store(granule_max_ptr + row * num_granules + granule,
                          tl.max(x_granules, axis=1), mask=granule < num_granules)
-            if draw:
+            if sampling & ~top_k_on:
                 floor = run_max - _GUMBEL_SPREAD * temperature
                 floor = tl.where(floor == floor, floor, _NEG_INF)  # +inf max and +inf T
                 if tile_max >= floor:
@@ -918,6 +930,8 @@ def _select_sequences_kernel(
         tl.store(token_ptr + rows, token.to(tl.int64), mask=valid)
         tl.store(entropy_ptr + rows, entropy, mask=valid)
 
+        # two roundings, like the PyTorch path (the launch disables FMA contraction: fused,
+        # a row within an ulp of its threshold could be selected differently)
         adjusted = entropy + penalty * (position - nearest).to(tl.float32)
         passes = valid & (adjusted < threshold)
         tl.store(selected_ptr + rows, passes, mask=valid)
@@ -959,6 +973,8 @@ _NUM_PIVOTS = 16
 _SCAN_WARPS = 8
 _FILTER_WARPS = 8
 _SEQUENCES_WARPS = 4
+# The adjusted entropy rounds twice, as the PyTorch path does: no fused multiply-add.
+_SEQUENCES_FP_FUSION = False
 # Vocabulary split: enough programs to fill the GPU (PROGRAMS_PER_SM per multiprocessor)
 # when rows are few, each split at least one tile. The interpreter gets a fixed target.
 MAX_SPLITS = 128
@@ -1121,7 +1137,7 @@ def select_tokens_triton(
             cu_rows, row_pos, threshold, penalty, w.row_sequence, w.partial_float,
             w.partial_index, token, selected, entropy,
             num_rows, num_splits, **_sequences_constexprs(split_block),
-            num_warps=_SEQUENCES_WARPS,
+            num_warps=_SEQUENCES_WARPS, enable_fp_fusion=_SEQUENCES_FP_FUSION,
         )
     return out
 
@@ -1145,32 +1161,43 @@ _POINTER_ARGUMENTS = {
 }
 
 
+# The integer arguments a typical launch passes as multiples of 16, which Triton specialises
+# on: the split size always, the vocabulary size and the row stride for most models.
+_ALIGNED_ARGUMENTS = ("logits_row_stride", "vocab_size", "split_size")
+
+
 def _variant(name: str, kernel, dtype: torch.dtype | None, constexprs: dict,
-             num_warps: int) -> KernelVariant:
+             num_warps: int, **options) -> KernelVariant:
     pointers = dict(_POINTER_ARGUMENTS, logits_ptr=POINTER_TYPES.get(dtype))
     signature = {
         argument: "constexpr" if argument in constexprs else pointers.get(argument, "i32")
         for argument in inspect.signature(kernel.fn).parameters
     }
     return KernelVariant(name=name, kernel=kernel, signature=signature, constexprs=constexprs,
-                         num_warps=num_warps)
+                         num_warps=num_warps, **options)
 
 
 def kernel_variants() -> list[KernelVariant]:
     """Every specialisation :func:`select_tokens_triton` produces: the scan and the filter
-    kernel per logits dtype, the per-sequence kernel per power-of-two split count up to
-    ``MAX_SPLITS``, and the two test kernels of the random stream."""
+    kernel per logits dtype, each with only the split size a multiple of 16 (it always is)
+    and with the vocabulary size and row stride too (most models), the per-sequence kernel
+    per power-of-two split count up to ``MAX_SPLITS``, and the two test kernels of the
+    random stream."""
     variants = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        variants.append(_variant(f"scan_{_SHORT[dtype]}", _select_scan_kernel, dtype,
-                                 _SCAN_CONSTEXPRS, _SCAN_WARPS))
-        variants.append(_variant(f"filter_{_SHORT[dtype]}", _select_filter_kernel, dtype,
-                                 dict(_FILTER_CONSTEXPRS, MAX_CANDIDATES=MAX_CANDIDATES),
-                                 _FILTER_WARPS))
+        filter_constexprs = dict(_FILTER_CONSTEXPRS, MAX_CANDIDATES=MAX_CANDIDATES)
+        for suffix, aligned in (("", ("split_size",)), ("_aligned16", _ALIGNED_ARGUMENTS)):
+            variants.append(_variant(f"scan_{_SHORT[dtype]}{suffix}", _select_scan_kernel,
+                                     dtype, _SCAN_CONSTEXPRS, _SCAN_WARPS,
+                                     divisible_by_16=aligned))
+            variants.append(_variant(f"filter_{_SHORT[dtype]}{suffix}", _select_filter_kernel,
+                                     dtype, filter_constexprs, _FILTER_WARPS,
+                                     divisible_by_16=aligned))
     split_block = 1
     while split_block <= MAX_SPLITS:
         variants.append(_variant(f"sequences_splits{split_block}", _select_sequences_kernel,
-                                 None, _sequences_constexprs(split_block), _SEQUENCES_WARPS))
+                                 None, _sequences_constexprs(split_block), _SEQUENCES_WARPS,
+                                 enable_fp_fusion=_SEQUENCES_FP_FUSION))
         split_block *= 2
     variants += philox.kernel_variants()
     return variants

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test demo tour bench lint mutation test-latest
+.PHONY: install test demo tour bench bench-host lint mutation test-latest gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ tour: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.decoder_cpu
 	$(PY) -m bench.ops_window
+
+# host time per eager op call (pytest-benchmark): bench/results/<device>/host_time.json
+bench-host: $(STAMP)
+	$(PY) -m bench.host_time
+
+# liger-kernel, pure Python, for the GPU run's Python 3.12 (bench/gpu_check.sh installs the
+# wheels of .whl/ first; carry .whl with the run)
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+		liger-kernel==0.8.5
 
 # plants each bug of tests/mutations.py in a copy of the tree and runs its tests (.ci/run too)
 mutation: $(STAMP)

@@ -501,13 +501,13 @@ class OpRun:
 
     def run_group(self, group: dict, cases: Iterable[tuple[str, Callable[[], dict]]],
                   derive: Callable[[dict], None], write: Callable[[bool], None],
-                  prefix: str = "", per_case: bool = False) -> str | None:
-        """:func:`run_cases` into ``group``, then ``write(False)`` (after every case with
-        ``per_case``): partial results survive a crash. Returns a lost context's error."""
-        after_each = (lambda: write(False)) if per_case else None
-        lost = run_cases(group, cases, self.timer, derive, self.device, prefix, after_each)
-        if not per_case:
-            write(False)
+                  prefix: str = "") -> str | None:
+        """:func:`run_cases` into ``group`` with ``write(False)`` after every case: the
+        results so far survive a crash or a run cut short (bench/gpu_check.sh packs them as
+        it goes). Returns a lost context's error."""
+        lost = run_cases(group, cases, self.timer, derive, self.device, prefix,
+                         lambda: write(False))
+        write(False)
         return lost
 
     def write(self, report: dict, final: bool, write_markdown: Callable[[dict, Path], None],

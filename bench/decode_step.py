@@ -30,9 +30,10 @@ JSON) holds: ``ar_b1_step_over_floor``, ``streaming_b1_over_ar_b1``,
 ``eager_over_graph_b1_streaming``, ``streaming_b16_over_roofline``,
 ``streaming_b64_over_roofline`` (flat logits, graphs on unless stated),
 ``streaming_over_ar_toks_peaked_b{1,16,64}`` (tokens per second of streaming over AR with
-peaked logits), ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
-sequence, 32 query rows, 512 positions of context, Qwen3-8B heads, bf16) and
-``max_public_op_host_us`` (``bench/host_overhead.py``).
+peaked logits) and ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
+sequence, 32 query rows, 512 positions of context, Qwen3-8B heads, bf16). The JSON is
+written after every case (``"complete": false`` until the summary is in). The host time
+per op call is ``bench/host_time.py``'s.
 
 ``--cpu-smoke`` runs the same measurement on a tiny model (4 layers, hidden 64) on the CPU,
 batch 1 and 2, no graphs, no profiler: every figure there is a CPU measurement. ``--quick``
@@ -50,7 +51,6 @@ from pathlib import Path
 
 import torch
 
-from bench import host_overhead
 from bench.common import (
     CPU_LABEL,
     RESULTS_ROOT,
@@ -413,16 +413,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     floor_ms = floor_bytes / (copy["gb_per_s"] * 1e9) * 1e3 if copy["gb_per_s"] else None
     parameters = non_embedding_parameters(model)
     cases = []
-    for case in cases_for(args):
-        print(f"{case.mode} B={case.batch} {case.logits} graphs={case.graphs}", flush=True)
-        with_logits(model, base_lm_head, case.logits)
-        profile_it = device.type == "cuda" and case.graphs and case.logits == "flat"
-        result = run_case(model, case, device.type == "cuda", profile_it,
-                          repeats=2 if args.quick else REPEATS)
-        result["roofline_ms"] = roofline_ms(floor_ms, parameters, result["live_rows_per_step"],
-                                            matmul["tflop_per_s"])
-        result["step_over_roofline"] = ratio(result["step_ms"], result["roofline_ms"])
-        cases.append(result)
     report = {
         "benchmark": "decode_step", "date": utc_now(), "device": device_info(device),
         "versions": versions(), "command": command_line("bench.decode_step", argv),
@@ -435,18 +425,28 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "non_embedding_parameters": parameters,
         "weight_read_floor": {"bytes": floor_bytes, "copy_gb_per_s": copy["gb_per_s"],
                               "ms": floor_ms},
+        "complete": False,
         "cases": cases,
     }
+    for case in cases_for(args):
+        print(f"{case.mode} B={case.batch} {case.logits} graphs={case.graphs}", flush=True)
+        with_logits(model, base_lm_head, case.logits)
+        profile_it = device.type == "cuda" and case.graphs and case.logits == "flat"
+        result = run_case(model, case, device.type == "cuda", profile_it,
+                          repeats=2 if args.quick else REPEATS)
+        result["roofline_ms"] = roofline_ms(floor_ms, parameters, result["live_rows_per_step"],
+                                            matmul["tflop_per_s"])
+        result["step_over_roofline"] = ratio(result["step_ms"], result["roofline_ms"])
+        cases.append(result)
+        write_json(out_dir / "decode_step.json", report)  # kept if the run is cut short
     summary = summarise(cases, floor_ms, graphs=device.type == "cuda")
     if device.type == "cuda":
         del model, base_lm_head
         torch.cuda.empty_cache()
         summary["paged_attention_b1_q32_ctx512_us"] = paged_attention_probe_us(device)
-        overhead = host_overhead.measure(device, stub_implementations=False)
-        report["host_overhead"] = overhead
-        summary["max_public_op_host_us"] = overhead["max_public_op_host_us"]
     else:
         report["label"] = CPU_LABEL
+    report["complete"] = True
     report["summary"] = summary
     write_json(out_dir / "decode_step.json", report)
     write_markdown(report, out_dir / "decode_step.md")

@@ -1,36 +1,40 @@
-"""Host time of one eager call of every public op, at batch-1 decode shapes.
+"""Host time of one eager call of every public op, measured with pytest-benchmark.
 
-    python -m bench.host_overhead [--out-dir DIR]     # CUDA (exits 0 without a GPU)
-    python -m bench.host_overhead --cpu-smoke [--out-dir DIR]
+    python -m bench.host_time [--quick] [--out-dir DIR]    # bench/results/<device>/host_time.*
+    pytest bench/test_host_time.py --benchmark-only [--benchmark-json FILE]
+    pytest bench/test_host_time.py --benchmark-disable     # each call once, as a test (CI)
 
 In eager mode the host issues a decode step op by op, so the time it spends in each call
-(argument checks, dispatch, the launcher's Python, the kernel launches) is paid on every
-op of every layer whenever the step is not captured in a CUDA graph. On CUDA each op is
-called ``CALLS`` times back to back at Qwen3-8B decode shapes (one sequence, a window of 19
-live rows in a capacity of 32 slots, 512 positions of context); the device runs these tiny calls faster than
-the host issues them, so the wall time per call is the host time. Three entry points per
-op: the public function (``wk.<op>``), the ``torch.library`` dispatcher
-(``torch.ops.wedlm.<op>``) and the Triton launcher alone; plus an empty Triton kernel as
-the floor of any launch. Median of ``REPEATS`` runs.
+(argument checks, dispatch, the launcher's Python, the kernel launches) is paid on every op
+of every layer whenever the step is not captured in a CUDA graph. ``bench/test_host_time.py``
+has one benchmark per public op and entry point (the public function ``wk.<op>``, the
+``torch.library`` dispatcher ``torch.ops.wedlm.<op>``, and on CUDA the Triton launcher
+alone), on CPU tensors and, when a GPU is present, on CUDA tensors, at batch-1 decode shapes
+(:func:`decode_inputs`: Qwen3-8B's on CUDA, one sequence, a window of 19 live rows in 32
+slots, 512 positions of context; tiny ones on the CPU).
 
-``--cpu-smoke`` measures, on CPU tensors, what the public function and the dispatcher add
-on top of the implementation: the implementation is replaced by a no-op, so the figure is
-argument checking and dispatch alone (labelled a CPU measurement).
+On CUDA every round synchronises the device first (pytest-benchmark's ``setup``, not
+timed) and then times one call: the call returns once its kernels are queued, so the figure
+is the host time of the call, not the device's. On the CPU the ops run the PyTorch
+implementations, so a CPU figure is the whole call (labelled a CPU measurement).
+
+``python -m bench.host_time`` runs the benchmarks (``--quick``: few rounds) and writes
+pytest-benchmark's JSON with a top-level ``"summary"`` (``max_public_op_host_us`` per
+device: the slowest public op's median) and a Markdown table beside it.
 """
 
 import argparse
-import functools
-import statistics
+import json
+import os
+import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from bench.common import (
     CPU_LABEL,
-    NO_GPU_MESSAGE,
     RESULTS_ROOT,
     command_line,
     device_info,
@@ -42,8 +46,17 @@ from bench.common import (
     write_json,
 )
 
-CALLS = 200
-REPEATS = 7
+# timed rounds per benchmark (one call each); HOST_TIME_ROUNDS overrides (--quick: 5)
+ROUNDS = 200
+WARMUP_ROUNDS = 10
+# Public ops: everything wedlm_kernels exports but its settings and the RoPE table helper.
+NOT_OPS = ("BACKEND", "DEBUG", "rope_cache")
+
+
+def public_ops() -> list[str]:
+    import wedlm_kernels as wk
+
+    return [name for name in wk.__all__ if name not in NOT_OPS]
 
 
 def decode_inputs(device: torch.device, small: bool) -> dict[str, tuple]:
@@ -115,88 +128,37 @@ def commit_inputs(device: torch.device) -> tuple:
     return (*state.values(), 16, 5, False)
 
 
-def _per_call_us(fn: Callable[[], object], device: torch.device) -> float:
-    """Median over REPEATS of (wall time of CALLS back-to-back calls) / CALLS."""
-    samples = []
-    for repeat in range(REPEATS + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        elapsed = time.perf_counter() - start
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if repeat:  # the first run warms up
-            samples.append(elapsed / CALLS * 1e6)
-    return statistics.median(samples)
-
-
-def measure(device: torch.device, stub_implementations: bool) -> dict:
-    """Per op: microseconds per call through each entry point; with
-    ``stub_implementations`` the implementation is a no-op (CPU smoke: wrapper cost only)."""
-    import wedlm_kernels as wk
-    from wedlm_kernels import _dispatch, _library
-
-    inputs = decode_inputs(device, small=device.type != "cuda")
-    ops: dict[str, dict] = {}
-    saved = {name: dict(table) for name, table in _dispatch.IMPLEMENTATIONS.items()}
-    try:
-        for name, args in inputs.items():
-            if stub_implementations:
-                _dispatch.IMPLEMENTATIONS[name][device.type] = lambda *a: None
-            public = getattr(wk, name)
-            dispatcher = getattr(torch.ops.wedlm, name)
-            entry = {
-                "public_us": _per_call_us(functools.partial(public, *args), device),
-                "dispatcher_us": None if stub_implementations
-                else _per_call_us(functools.partial(dispatcher, *args), device),
-                "launcher_us": None,
-            }
-            launcher = _library.triton_launcher(name)
-            if device.type == "cuda" and launcher is not None:
-                entry["launcher_us"] = _per_call_us(functools.partial(launcher, *args), device)
-            ops[name] = entry
-    finally:
-        for name, table in saved.items():
-            _dispatch.IMPLEMENTATIONS[name].update(table)
-    result = {"ops": ops, "max_public_op_host_us": max(e["public_us"] for e in ops.values()),
-              "empty_launch_us": _empty_launch_us(device)}
-    return result
-
-
-def _empty_launch_us(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def empty_kernel(x_ptr):
-        tl.store(x_ptr, tl.load(x_ptr))
-
-    x = torch.zeros(1, device=device)
-    return _per_call_us(lambda: empty_kernel[(1,)](x), device)
+def summarise(benchmarks: list[dict]) -> dict:
+    """``max_public_op_host_us`` per device: the largest median (us) of a public call."""
+    medians: dict[str, list[float]] = {}
+    for entry in benchmarks:
+        params = entry.get("params") or {}
+        if params.get("entry") == "public":
+            medians.setdefault(params["device"], []).append(entry["stats"]["median"] * 1e6)
+    return {f"max_public_op_host_us_{device}": max(values) for device, values in medians.items()}
 
 
 def write_markdown(report: dict, path: Path) -> None:
-    result = report["result"]
-    rows = [[f"`{name}`", fmt(e["public_us"]), fmt(e["dispatcher_us"]), fmt(e["launcher_us"])]
-            for name, e in result["ops"].items()]
+    table: dict[tuple[str, str], dict[str, str]] = {}
+    for entry in report["benchmarks"]:
+        params = entry["params"]
+        table.setdefault((params["device"], params["op"]), {})[params["entry"]] = fmt(
+            entry["stats"]["median"] * 1e6)
+    rows = [[device, f"`{op}`", *(cells.get(e, "-") for e in ("public", "torch.ops", "launcher"))]
+            for (device, op), cells in sorted(table.items())]
     lines = [
-        "# Host time per eager op call" + (" (CPU measurement)" if report.get("label") else ""),
+        "# Host time per eager op call (median, us)",
         "",
-        f"{report['device']['name']}, {report['date']}, `{report['command']}`",
+        f"{report['device_name']}, {report['date']}, `{report['command']}`",
         f"versions: {report['versions']}",
         "",
-        *markdown_table(["op", "public (us)", "torch.ops (us)", "launcher (us)"], rows),
+        *markdown_table(["device", "op", "public", "torch.ops", "launcher"], rows),
         "",
-        f"empty Triton launch: {fmt(result['empty_launch_us'])} us; worst public op: "
-        f"{fmt(result['max_public_op_host_us'])} us",
+        "summary: " + ", ".join(f"`{k}` {fmt(v, 2)}" for k, v in report["summary"].items()),
+        "",
+        "CUDA rows: host time of one call (the device synchronised before each, untimed). "
+        f"CPU rows: {CPU_LABEL}, the whole call (the PyTorch implementations).",
     ]
-    if report.get("label"):
-        lines += ["", report["label"] + ": the implementation replaced by a no-op, so the "
-                  "public column is argument checks and dispatch alone."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -204,26 +166,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=None)
-    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="5 rounds per benchmark")
     args = parser.parse_args(argv)
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        print(NO_GPU_MESSAGE)
-        return 0
-    device = torch.device("cpu" if args.cpu_smoke else "cuda")
-    out_dir = args.out_dir or RESULTS_ROOT / ("cpu" if args.cpu_smoke else device_slug())
-    report = {
-        "benchmark": "host_overhead", "date": utc_now(), "device": device_info(device),
-        "versions": versions(), "command": command_line("bench.host_overhead", argv),
-        "calls_per_sample": CALLS, "samples": REPEATS,
-        "result": measure(device, stub_implementations=args.cpu_smoke),
-    }
-    if args.cpu_smoke:
-        report["label"] = CPU_LABEL
-    report["summary"] = {"max_public_op_host_us": report["result"]["max_public_op_host_us"]}
-    write_json(out_dir / "host_overhead.json", report)
-    write_markdown(report, out_dir / "host_overhead.md")
-    print((out_dir / "host_overhead.md").read_text())
-    return 0
+    out_dir = args.out_dir or RESULTS_ROOT / (
+        device_slug() if torch.cuda.is_available() else "cpu")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "host_time.json"
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TRITON_INTERPRET", "WEDLM_KERNELS_BACKEND")}
+    if args.quick:
+        env["HOST_TIME_ROUNDS"] = "5"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--benchmark-only",
+         f"--benchmark-json={json_path}", "bench/test_host_time.py"], cwd=root, env=env)
+    if not json_path.exists():
+        print(f"host_time: pytest wrote no benchmark JSON (exit {done.returncode})")
+        return done.returncode or 1
+    report = json.loads(json_path.read_text())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report.update(
+        benchmark="host_time", date=utc_now(), device=device_info(device),
+        command=command_line("bench.host_time", argv), versions=versions(),
+        device_name=torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU",
+        label=None if device.type == "cuda" else CPU_LABEL,
+        summary=summarise(report["benchmarks"]))
+    write_json(json_path, report)
+    write_markdown(report, out_dir / "host_time.md")
+    print((out_dir / "host_time.md").read_text())
+    return done.returncode
 
 
 if __name__ == "__main__":

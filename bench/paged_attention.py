@@ -503,7 +503,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
              for kind, batch, rows, context in plan]
     bench.run_group(
         report, cases, lambda case: add_rates(case, bench.copy["gb_per_s"], matmul["tflops"]),
-        lambda final: write_outputs(bench, report, final), per_case=True)
+        lambda final: write_outputs(bench, report, final))
     report["complete"] = "error" not in report
     write_outputs(bench, report, final=True)
     report["out_dir"] = str(bench.out_dir)

@@ -660,9 +660,33 @@ def plot_files(path: Path, data, svgs: dict[Path, str]) -> list[Path]:
     return [p for p in candidates if p.exists() or p in svgs]
 
 
+def is_pytest_benchmark(data) -> bool:
+    """A pytest-benchmark JSON file (``--benchmark-json``, e.g. bench/host_time.py's)."""
+    return (isinstance(data, dict) and isinstance(data.get("benchmarks"), list)
+            and "machine_info" in data)
+
+
+def pytest_benchmark_body(data: dict) -> list[str]:
+    """One row per benchmark: its parameters, median and rounds (machine_info and the
+    other statistics stay in the JSON)."""
+    rows = []
+    for entry in data["benchmarks"]:
+        stats = entry.get("stats") or {}
+        median = stats.get("median")
+        rows.append([cell(num(entry.get("params") or entry.get("name", DASH))),
+                     fmt(median * 1e6, 1) if isinstance(median, (int, float)) else DASH,
+                     num(stats.get("rounds"))])
+    lines = ["### Benchmarks", "", *markdown_table(["benchmark", "median µs", "rounds"], rows), ""]
+    if isinstance(data.get("summary"), dict):
+        lines += ["### Summary", "", *key_value_table(data["summary"]), ""]
+    return lines
+
+
 def body_lines(data: dict, plot_link: str | None) -> list[str]:
     if is_sweep(data):
         return sweep_body(data, plot_link)
+    if is_pytest_benchmark(data):
+        return pytest_benchmark_body(data)
     groups = case_groups(data)
     if groups:
         return kernel_body(data, groups)

@@ -412,6 +412,40 @@ def main(argv: Sequence[str] | None = None) -> dict:
     tag = "[CPU measurement]" if device.type == "cpu" else f"[{slug}]"
 
     cases = []
+
+    def report_of(complete: bool) -> dict:
+        """The report of the cases so far; the window policy and summary once complete."""
+        policy = window_policy(cases) if complete else []
+        ratios = [row["auto_over_best"] for row in policy]
+        return {
+            "benchmark": "bench.sweep",
+            "label": machine(device)["label"],
+            "date": common.utc_now(),
+            "device": common.device_info(device),
+            "machine": machine(device),
+            "versions": common.versions(),
+            "command": common.command_line("bench.sweep", argv),
+            "quick": args.quick,
+            "complete": complete,
+            "model": describe_model(args.model, model),
+            "prompts": prompts,
+            "params": {
+                "batch_sizes": args.batch_sizes, "windows": args.windows,
+                "thresholds": args.thresholds, "penalties": args.penalties,
+                "modes": args.modes, "max_new_tokens": args.max_new_tokens,
+                "temperature": 0.0, "seed": SEED, "stop_token_ids": list(runner.stop_ids),
+                "page_size": PAGE_SIZE, "warmup": 1, "repeats": args.repeats,
+                "cuda_graph": args.cuda_graph,
+                "threads": torch.get_num_threads() if device.type == "cpu" else None,
+            },
+            "methods": METHODS,
+            "cases": cases,
+            "window_policy": policy,
+            "summary": {"auto_window_over_best_toks_min":
+                        None if not ratios or None in ratios else min(ratios)},
+            "wall_seconds": round(time.perf_counter() - started, 1),
+        }
+
     for mode, batch, window, threshold, penalty in grid(args):
         case = runner.run(mode, batch, window, threshold, penalty)
         cases.append(case)
@@ -420,36 +454,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
               f"{common.fmt(case['tokens_per_forward'], 2)}, p_cache "
               f"{common.fmt(case['p_cache'], 3)}, "
               f"{common.fmt(case['tokens_per_second'], 1)} tok/s", flush=True)
+        common.write_json(json_path, report_of(complete=False))  # kept if the run is cut
     add_speedups(cases)
-    policy = window_policy(cases)
-    ratios = [row["auto_over_best"] for row in policy]
-
-    report = {
-        "benchmark": "bench.sweep",
-        "label": machine(device)["label"],
-        "date": common.utc_now(),
-        "device": common.device_info(device),
-        "machine": machine(device),
-        "versions": common.versions(),
-        "command": common.command_line("bench.sweep", argv),
-        "quick": args.quick,
-        "model": describe_model(args.model, model),
-        "prompts": prompts,
-        "params": {
-            "batch_sizes": args.batch_sizes, "windows": args.windows,
-            "thresholds": args.thresholds, "penalties": args.penalties, "modes": args.modes,
-            "max_new_tokens": args.max_new_tokens, "temperature": 0.0, "seed": SEED,
-            "stop_token_ids": list(runner.stop_ids), "page_size": PAGE_SIZE,
-            "warmup": 1, "repeats": args.repeats, "cuda_graph": args.cuda_graph,
-            "threads": torch.get_num_threads() if device.type == "cpu" else None,
-        },
-        "methods": METHODS,
-        "cases": cases,
-        "window_policy": policy,
-        "summary": {"auto_window_over_best_toks_min":
-                    None if not ratios or None in ratios else min(ratios)},
-        "wall_seconds": round(time.perf_counter() - started, 1),
-    }
+    report = report_of(complete=True)
     write_outputs(report, json_path)
     print(f"{tag} wrote {json_path} (+ .md, .svg) in {report['wall_seconds']} s")
     return report

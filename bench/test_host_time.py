@@ -1,0 +1,47 @@
+"""pytest-benchmark benchmarks: host time of one eager call of every public op (see
+bench/host_time.py, which runs them and writes the results).
+
+    pytest bench/test_host_time.py --benchmark-only --benchmark-json=FILE
+    pytest bench/test_host_time.py --benchmark-disable   # each call once: cannot fail on time
+"""
+
+import functools
+import os
+
+import pytest
+import torch
+
+from bench.host_time import ROUNDS, WARMUP_ROUNDS, decode_inputs, public_ops
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+ENTRIES = ["public", "torch.ops", "launcher"]
+
+
+@functools.cache
+def _inputs(device: str) -> dict[str, tuple]:
+    return decode_inputs(torch.device(device), small=device == "cpu")
+
+
+def _entry_point(op: str, entry: str, device: str):
+    import wedlm_kernels as wk
+    from wedlm_kernels import _library
+
+    if entry == "public":
+        return getattr(wk, op)
+    if entry == "torch.ops":
+        return getattr(torch.ops.wedlm, op)
+    launcher = _library.triton_launcher(op)
+    if device != "cuda" or launcher is None:
+        pytest.skip("the Triton launcher alone is timed on CUDA tensors only")
+    return launcher
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("op", public_ops())
+@pytest.mark.parametrize("device", DEVICES)
+def test_host_time_of_one_eager_call(benchmark, device, op, entry):
+    call = functools.partial(_entry_point(op, entry, device), *_inputs(device)[op])
+    setup = torch.cuda.synchronize if device == "cuda" else None
+    benchmark.extra_info.update(device=device, op=op, entry=entry)
+    benchmark.pedantic(call, setup=setup, rounds=int(os.environ.get("HOST_TIME_ROUNDS", ROUNDS)),
+                       warmup_rounds=WARMUP_ROUNDS, iterations=1)

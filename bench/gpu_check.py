@@ -18,7 +18,8 @@ packing), so the run ends within the budget however the steps fare:
 2. ``tests/test_select_tokens_kernel.py`` whole (smoke hypothesis profile);
 3. the race stress test of select_tokens (``tests/test_select_tokens_race.py``);
 4. ``tests/test_paged_attention_kernel.py`` whole;
-5. the rope, reorder, commit and silu kernel test files, in one process;
+5. the rope, reorder, commit and silu kernel test files, in one process (with the one other
+   cuda-marked test, select_tokens' device check);
 6. model_min's generator and layer tests ``-m cuda``, with ``MODEL_MIN_REQUIRE_LIGER=1`` (a
    skipped Liger test fails);
 7. ``bench.select_tokens --quick``; 8. ``bench.decode_step --quick`` at B 1 and 16;
@@ -95,6 +96,10 @@ def plan() -> list[Step]:
     """The steps in the order they run (see the module docstring)."""
     window_kernels = [f"tests/test_{name}_kernel.py"
                       for name in ("rope_kv_append", "reorder_window", "commit_window", "silu_mul")]
+    # the one cuda-marked test outside the kernel and model_min files (tests/test_gpu_check.py
+    # checks that every cuda-marked test is in some step)
+    window_kernels.append(
+        "tests/test_select_tokens.py::test_tensors_on_different_devices_are_rejected")
     return [
         Step("probe", 60, ["-m", "bench.gpu_check", "--probe"]),
         _pytest("select_tokens kernel tests", 150, "tests/test_select_tokens_kernel.py"),

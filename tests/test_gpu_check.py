@@ -3,6 +3,7 @@ goes. The steps run as stand-ins (GPU_CHECK_STUB) on the CPU: what is checked is
 orchestration (verdicts, packing, time limits), not the GPU steps themselves."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,3 +125,24 @@ def test_pytest_tally_reads_the_closing_line():
     output = "....F\n=== short test summary ===\nFAILED x\n3 failed, 60 passed, 2 skipped in 9.5s\n"
     assert gpu_check.pytest_tally(output) == "3 failed, 60 passed, 2 skipped"
     assert gpu_check.pytest_tally("no tests ran in 0.01s") == ""
+
+
+def test_every_cuda_marked_test_runs_in_some_step():
+    """A test file with cuda-marked tests runs whole in a pytest step, or with ``-m cuda``,
+    or its cuda-marked tests are named one by one."""
+    steps = [step.command for step in gpu_check.plan() if step.pytest]
+    whole = {word for command in steps if "-m" not in command[2:] for word in command
+             if word.startswith("tests/")}
+    marked = {word for command in steps if "cuda" in command for word in command
+              if word.startswith("tests/")}
+    named = {word for command in steps for word in command if "::" in word}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        text = path.read_text()
+        tests = re.findall(r"@pytest\.mark\.cuda\n(?:@.*\n)*def (test_\w+)", text)
+        if not tests:
+            continue
+        file = f"tests/{path.name}"
+        if file in whole or file in marked:
+            continue
+        for test in tests:
+            assert f"{file}::{test}" in named, f"{file}::{test} runs in no step"

@@ -138,3 +138,16 @@ def test_a_wrong_kernel_output_is_reported_as_a_mismatch():
 def test_interpret_needs_cpu_smoke():
     with pytest.raises(SystemExit):
         pa.parse_args(["--interpret"])
+
+
+def test_cpu_prefill_benchmark_quick_run_writes_both_goals(tmp_path):
+    """bench.attention_cpu --quick (small sizes): the PyTorch path's prefill against SDPA
+    (equal to fp32 rounding) and the Qwen3-8B-shaped memory probe, both in the summary."""
+    from bench import attention_cpu
+
+    assert attention_cpu.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "attention_cpu.json").read_text())
+    assert report["label"].startswith("CPU only")
+    assert report["tiny_prefill"]["max_abs_difference"] < 1e-4
+    assert report["qwen3_8b_prefill"]["finite"]
+    assert set(report["summary"]) == {"tiny_prefill_over_sdpa", "qwen3_8b_prefill_extra_gb"}

@@ -142,6 +142,10 @@ def a_figure(data: dict) -> str:
         return f"{data['cases'][0]['tokens_per_forward']:.2f}"
     if data.get("benchmark") == "bench.decoder_cpu":
         return f"{data['cases'][0]['ratios']['reference_forward_over_generator_step']:.4g}"
+    if data.get("benchmark") == "attention_cpu":
+        return bench_report.num(data["tiny_prefill"]["sdpa_ms"])
+    if data.get("benchmark") == "host_time":
+        return bench_report.fmt(data["benchmarks"][0]["stats"]["median"] * 1e6, 1)
     if "copy_bandwidth" in data:
         return f"{fmt_rate(data['copy_bandwidth']['gb_per_s'])} GB/s"
     raise AssertionError(f"no figure known for {data.get('benchmark')}")

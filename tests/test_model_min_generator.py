@@ -345,7 +345,12 @@ def test_row_buckets_hold_the_live_rows_with_less_than_an_eighth_of_padding():
 
 @pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
 def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypatch):
+    """No tensor value reaches the host inside a decode step. The attention of CPU tensors
+    loops over sequences on the host by design (paged_attention_torch_per_sequence: free on
+    a CPU); here it is the static-shape path CUDA tensors take with the PyTorch backend."""
     _, model = tiny
+    monkeypatch.setattr(attention_ops, "paged_attention_torch_per_sequence",
+                        attention_ops.paged_attention_torch_gathered)
     generator = Generator(model, window=4, page_size=4, max_batch=4)
     step = generator._step
     inside = []

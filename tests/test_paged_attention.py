@@ -14,11 +14,17 @@ from reference import attention as ref
 from tests.attention_inputs import padded, uneven_packed_case
 from tests.numerics import ATTENTION_TOLERANCE, assert_close
 from wedlm_kernels import _backend
+from wedlm_kernels.ops import attention as attention_ops
 
 # the op and the reference in the padded form [B, S, Hq, D] with q_len rows per sequence
 # (two padding rows after the packed rows, which must come back as zeros)
 attention = padded(wk.paged_attention, extra_rows=2)
 reference = padded(ref.paged_attention)
+# the two PyTorch paths (CPU tensors take the per-sequence one through wk.paged_attention)
+TORCH_PATHS = {
+    "per_sequence": padded(attention_ops.paged_attention_torch_per_sequence, extra_rows=2),
+    "gathered": padded(attention_ops.paged_attention_torch_gathered, extra_rows=2),
+}
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -125,6 +131,10 @@ def test_matches_reference(
     expected = reference(*args)
     assert not expected.isnan().any()  # every needed page is covered here
     assert_close(out, expected, ATTENTION_TOLERANCE, dtype)
+    # the graph-safe path CUDA tensors take with the PyTorch backend, on the same case
+    gathered = TORCH_PATHS["gathered"](*args)
+    assert gathered.shape == q.shape and gathered.dtype == dtype
+    assert_close(gathered, expected, ATTENTION_TOLERANCE, dtype)
 
 
 @pytest.mark.parametrize("group", [1, 4])
@@ -196,12 +206,13 @@ def test_gqa_query_head_h_reads_kv_head_h_div_group():
     assert (after[:, :, 4:] == 0).all() and (before[:, :, 4:] != 0).all()
 
 
-def test_single_visible_position_returns_its_value():
+@pytest.mark.parametrize("path", list(TORCH_PATHS))
+def test_single_visible_position_returns_its_value(path):
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 2, 2, 8, generator=g)
     k_cache = torch.randn(1, 4, 1, 8, generator=g)
     v_cache = torch.randn(1, 4, 1, 8, generator=g)
-    out = attention(
+    out = TORCH_PATHS[path](
         q, k_cache, v_cache, _table([0], 1), _lengths([0]), _lengths([1]), 0.5
     )
     torch.testing.assert_close(out[0, 0], v_cache[0, 0].expand(2, 8))
@@ -209,13 +220,14 @@ def test_single_visible_position_returns_its_value():
 
 
 @pytest.mark.parametrize("q_len, live_rows", [(0, 0), (-3, 0), (2, 2), (4, 4), (9, 4)])
-def test_rows_at_or_past_q_len_are_zero(q_len, live_rows):
+@pytest.mark.parametrize("path", list(TORCH_PATHS))
+def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, path):
     g = torch.Generator().manual_seed(4)
     q = torch.randn(1, 4, 2, 8, generator=g)
     k_cache = torch.randn(3, 4, 1, 8, generator=g)
     v_cache = torch.randn(3, 4, 1, 8, generator=g)
     args = (q, k_cache, v_cache, _table([2, 0], 2), _lengths([3]), _lengths([q_len]), 0.3)
-    out = attention(*args)
+    out = TORCH_PATHS[path](*args)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
     assert_close(out, reference(*args), ATTENTION_TOLERANCE, torch.float32)
@@ -229,20 +241,22 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows):
         ([1], 1),  # page index >= P
     ],
 )
-def test_needed_position_without_a_page_gives_a_nan_row(block_table, width):
+@pytest.mark.parametrize("path", list(TORCH_PATHS))
+def test_needed_position_without_a_page_gives_a_nan_row(block_table, width, path):
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 6, 2, 8, generator=g)
     k_cache = torch.randn(3, 4, 1, 8, generator=g)
     v_cache = torch.randn(3, 4, 1, 8, generator=g)
     # ctx 2: rows 0, 1 need positions <= 3 (page 0); rows 2..5 need page 1 as well
     args = (q, k_cache, v_cache, _table(block_table, width), _lengths([2]), _lengths([6]), 0.3)
-    out = attention(*args)
+    out = TORCH_PATHS[path](*args)
     assert out[0, :2].isfinite().all()
     assert out[0, 2:].isnan().all()
     assert_close(out, reference(*args), ATTENTION_TOLERANCE, torch.float32)
 
 
-def test_cache_contents_outside_the_visible_positions_are_never_read():
+@pytest.mark.parametrize("path", list(TORCH_PATHS))
+def test_cache_contents_outside_the_visible_positions_are_never_read(path):
     g = torch.Generator().manual_seed(6)
     ctx, rows, head_dim = 5, 4, 8
     k_cache = torch.full((4, 4, 1, head_dim), math.nan)
@@ -254,7 +268,7 @@ def test_cache_contents_outside_the_visible_positions_are_never_read():
     v_cache[page_ids[(ctx + 2) // 4], (ctx + 2) % 4, 0, 3] = math.nan  # row 2's own value
     q = torch.randn(1, rows, 2, head_dim, generator=g)
     args = (q, k_cache, v_cache, _table(page_ids, 3), _lengths([ctx]), _lengths([rows]), 0.3)
-    out = attention(*args)
+    out = TORCH_PATHS[path](*args)
     # rows 0, 1 do not see position ctx + 2; rows 2, 3 do, in element 3 only
     assert out[0, :2].isfinite().all()
     assert out[0, 2:, :, 3].isnan().all()
@@ -359,6 +373,9 @@ def test_packed_rows_of_uneven_sequences_and_padding_rows():
     """Sequences of 0, 70, 1 and 5 rows back to back, then 3 padding rows: each row equals
     the reference, padding rows are zero."""
     args = uneven_packed_case(torch.Generator().manual_seed(8))
-    out = wk.paged_attention(*args)
-    assert (out[-3:] == 0).all() and out[:-3].isfinite().all()
-    assert_close(out, ref.paged_attention(*args), ATTENTION_TOLERANCE, torch.float32)
+    expected = ref.paged_attention(*args)
+    for path in (attention_ops.paged_attention_torch_per_sequence,
+                 attention_ops.paged_attention_torch_gathered):
+        out = path(*args)
+        assert (out[-3:] == 0).all() and out[:-3].isfinite().all()
+        assert_close(out, expected, ATTENTION_TOLERANCE, torch.float32)

@@ -162,11 +162,112 @@ def paged_attention_torch(
     ctx_len: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Vectorised PyTorch implementation of :func:`paged_attention`.
+    """PyTorch implementation of :func:`paged_attention`.
+
+    CPU tensors take :func:`paged_attention_torch_per_sequence` (one gather of each
+    sequence's visible keys, memory O(rows x visible keys) per head), other devices
+    :func:`paged_attention_torch_gathered` (static shapes, no host read, graph-safe). Both
+    compute the same float32 scores and softmax; the results agree to float32 rounding.
+    """
+    if q.device.type == "cpu":
+        return paged_attention_torch_per_sequence(q, k_cache, v_cache, block_table,
+                                                  query_start, ctx_len, scale)
+    return paged_attention_torch_gathered(q, k_cache, v_cache, block_table, query_start,
+                                          ctx_len, scale)
+
+
+def _row_sequences(num_rows: int, batch: int, query_start: torch.Tensor,
+                   ctx_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sequence, row_live, last_visible)`` per row: its sequence (clamped into [0, B)),
+    whether it belongs to one (the last b with query_start[b] <= row; rows before
+    query_start[0] or at or after query_start[B] are padding) and the last position it
+    sees (0 .. last_visible)."""
+    row = torch.arange(num_rows, device=query_start.device)
+    starts = query_start.long()
+    sequence = torch.searchsorted(starts, row, right=True) - 1
+    row_live = (sequence >= 0) & (sequence < batch)
+    sequence = sequence.clamp(0, batch - 1)
+    last_visible = ctx_len.long()[sequence] + row - starts[sequence]
+    return sequence, row_live, last_visible
+
+
+def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """Float32 attention of rows ``query [n, Hkv, G, D]`` over ``keys``/``values``
+    (``[n, K, Hkv, D]`` per row, or ``[K, Hkv, D]`` shared by the rows) at the positions
+    ``visible [n, K]``; returns ``[n, Hkv, G, D]``. Invisible positions get weight 0, but
+    0 * NaN = NaN: non-finite values are summed as 0 and the output element is NaN only
+    where a visible position holds one."""
+    shared = keys.dim() == 3
+    scores = torch.einsum("nhgd,khd->nhgk" if shared else "nhgd,nkhd->nhgk", query, keys)
+    scores = (scores * scale).masked_fill(~visible[:, None, None], -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    finite = torch.isfinite(values)
+    out = torch.einsum("nhgk,khd->nhgd" if shared else "nhgk,nkhd->nhgd", weights,
+                       torch.where(finite, values, 0.0))
+    poisoned = torch.einsum("nk,khd->nhd" if shared else "nk,nkhd->nhd", visible.float(),
+                            (~finite).float()) > 0
+    return torch.where(poisoned[:, :, None, :], math.nan, out)
+
+
+def paged_attention_torch_per_sequence(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    ctx_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`paged_attention` for CPU tensors: a loop over the sequences that gathers each
+    one's visible keys once (positions ``0 .. max last_visible`` of its rows, within the
+    page table) and attends its rows to them. Memory is O(rows x visible keys) per KV
+    head; no row gets a copy of the cache. The loop reads sequence boundaries on the host,
+    which costs nothing on the CPU (the CUDA path is :func:`paged_attention_torch_gathered`)."""
+    num_rows, q_heads, head_dim = q.shape
+    num_pages, page_size, kv_heads, _ = k_cache.shape
+    batch, width = block_table.shape
+    group = q_heads // kv_heads
+    capacity = width * page_size
+    out = torch.zeros(num_rows, kv_heads, group, head_dim, dtype=torch.float32)
+    if num_rows == 0 or batch == 0:
+        return out.reshape(q.shape).to(q.dtype)
+    sequence, row_live, last_visible = _row_sequences(num_rows, batch, query_start, ctx_len)
+    k_flat = k_cache.view(-1, kv_heads, head_dim)
+    v_flat = v_cache.view(-1, kv_heads, head_dim)
+    query = q.reshape(num_rows, kv_heads, group, head_dim)
+    live_sequences = torch.unique(sequence[row_live]).tolist()
+    for b in live_sequences:
+        rows = torch.nonzero(row_live & (sequence == b)).flatten()
+        last = last_visible[rows]  # [n]
+        # every row seeing a position past the table, or none, is NaN (loud) below
+        length = int(last.max().clamp(-1, capacity - 1)) + 1
+        key_pos = torch.arange(length)
+        page_ids = block_table[b].long()[key_pos // page_size]
+        covered = (page_ids >= 0) & (page_ids < num_pages)
+        slots = page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size
+        visible = key_pos[None, :] <= last[:, None]  # [n, length]
+        rows_out = _attend(query[rows].float(), k_flat[slots].float(), v_flat[slots].float(),
+                           visible, scale)
+        loud = (visible & ~covered).any(dim=-1) | (last >= capacity) | (last < 0)
+        out[rows] = torch.where(loud[:, None, None, None], math.nan, rows_out)
+    return out.reshape(q.shape).to(q.dtype)
+
+
+def paged_attention_torch_gathered(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start: torch.Tensor,
+    ctx_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`paged_attention` in static shapes (no host read: graph-safe on any device).
 
     Gathers, for every row, all ``P * page_size`` positions its sequence's page table can
-    address (a static shape), masks the invisible ones and runs a float32 softmax. Memory is
-    ``N * P * page_size * Hkv * D`` values: meant for the CPU and for checking.
+    address, masks the invisible ones and runs a float32 softmax. Memory is
+    ``N * P * page_size * Hkv * D`` values: meant for small shapes and for checking.
     """
     num_rows, q_heads, head_dim = q.shape
     num_pages, page_size, kv_heads, _ = k_cache.shape
@@ -177,14 +278,7 @@ def paged_attention_torch(
     if num_rows == 0 or batch == 0:
         return torch.zeros(q.shape, dtype=q.dtype, device=device)
 
-    # The sequence of each row: the last b with query_start[b] <= row; rows at or after
-    # query_start[B] (b == B) or before query_start[0] (b == -1) are padding.
-    row = torch.arange(num_rows, device=device)
-    starts = query_start.long()
-    sequence = torch.searchsorted(starts, row, right=True) - 1
-    row_live = (sequence >= 0) & (sequence < batch)
-    sequence = sequence.clamp(0, batch - 1)
-    last_visible = ctx_len.long()[sequence] + row - starts[sequence]  # [N]: sees 0 .. this
+    sequence, row_live, last_visible = _row_sequences(num_rows, batch, query_start, ctx_len)
 
     # The cache entries of positions 0 .. capacity-1 of every sequence; page ids out of
     # range are clamped for the gather and the positions marked as not covered.
@@ -203,17 +297,7 @@ def paged_attention_torch(
 
     # Scores [N, Hkv, G, K]: query head h = n * G + g reads KV head n.
     query = q.float().reshape(num_rows, kv_heads, group, head_dim)
-    scores = torch.einsum("nhgd,nkhd->nhgk", query, keys) * scale
-    scores = scores.masked_fill(~visible[:, None, None], -math.inf)
-    weights = torch.softmax(scores, dim=-1)
-
-    # Invisible positions get weight 0, but 0 * NaN = NaN: non-finite values are summed as
-    # 0 and the output element is set to NaN only where a visible position holds one.
-    finite = torch.isfinite(values)
-    out = torch.einsum("nhgk,nkhd->nhgd", weights, torch.where(finite, values, 0.0))
-    poisoned = torch.einsum("nk,nkhd->nhd", visible.float(), (~finite).float()) > 0
-    out = torch.where(poisoned[:, :, None, :], math.nan, out)
-    out = out.reshape(num_rows, q_heads, head_dim)
+    out = _attend(query, keys, values, visible, scale).reshape(num_rows, q_heads, head_dim)
     out = torch.where(row_loud[:, None, None], math.nan, out)
     out = torch.where(row_live[:, None, None], out, 0.0)
     return out.to(q.dtype).contiguous()

@@ -4,13 +4,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Where torch comes from: empty for the default index (its Linux torch is the CUDA build);
+# on a machine without a GPU, PyTorch's CPU wheels (README, "Install"):
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
-.PHONY: install test demo tour bench bench-host lint mutation test-latest gpu-wheels
+.PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
+	check-constraints gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build
-	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt $(TORCH_FROM) torch
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
@@ -40,27 +46,47 @@ gpu-wheels:
 		liger-kernel==0.8.5
 
 # plants each bug of tests/mutations.py in a copy of the tree and runs its tests (.ci/run too)
+MUTATION_ARGS ?=
 mutation: $(STAMP)
-	$(PY) -m tests.mutations
+	$(PY) -m tests.mutations $(MUTATION_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wedlm_kernels reference model_min tests examples bench
 
-# The newest releases pip resolves for the package today (no constraints file: the newest
-# Triton and numpy), installed (not editable) in a venv of their own: the interpreter kernel
-# tests and the op tests, with few hypothesis examples, then `python -m model_min demo` from
-# another directory (.ci/run too). torch stays pinned: an unpinned torch resolves to a
-# multi-GB CUDA build.
-LATEST := .venv-latest
-LATEST_TESTS := tests/test_philox.py $(wildcard tests/test_*_kernel.py) \
+# The kernel and op tests (few hypothesis examples) on other Triton and numpy releases than
+# constraints.txt's, each in a venv of its own with the package installed (not editable),
+# then `python -m model_min demo` from a temporary directory (removed). torch stays pinned.
+# test-latest: the newest releases pip resolves today (no constraints). test-oldest: the
+# lower bounds pyproject.toml declares (triton 3.6, numpy 2.3).
+VERSION_TESTS := tests/test_philox.py $(wildcard tests/test_*_kernel.py) \
 	tests/test_select_tokens.py tests/test_paged_attention.py tests/test_reorder_window.py \
 	tests/test_rope_kv_append.py tests/test_commit_window.py tests/test_silu_mul.py
+define version_job
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q -c constraints.txt $(TORCH_FROM) torch
+	$(1)/bin/python -m pip install -q $(2) ".[test]"
+	$(1)/bin/python -m pip list 2>/dev/null | grep -E -i "^(torch|triton|numpy) "
+	HYPOTHESIS_PROFILE=smoke $(1)/bin/python -m pytest -q -p no:cacheprovider $(VERSION_TESTS)
+	scratch=$$(mktemp -d) && cd $$scratch && \
+		$(CURDIR)/$(1)/bin/python -m model_min demo --max-new-tokens 12 --no-progress; \
+		status=$$?; rm -rf $$scratch; exit $$status
+endef
+
 test-latest:
-	$(PYTHON) -m venv $(LATEST)
-	$(LATEST)/bin/python -m pip install -q -c constraints.txt torch
-	$(LATEST)/bin/python -m pip install -q ".[test]"
-	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -E -i "^(torch|triton|numpy) "
-	HYPOTHESIS_PROFILE=smoke $(LATEST)/bin/python -m pytest -q $(LATEST_TESTS)
-	# the installed package (not an editable one) from another directory: model_min's demo
-	cd $$(mktemp -d) && $(CURDIR)/$(LATEST)/bin/python -m model_min demo --max-new-tokens 12 \
-		--no-progress
+	$(call version_job,.venv-latest,)
+
+# (and the sm_90 compiles on 3.6, where no kernel variant but the window kernel's spills)
+test-oldest: VERSION_TESTS += tests/test_kernels_compile_sm90.py
+test-oldest:
+	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0")
+
+# The constraints resolve against the plain package index, for the default (CUDA) torch,
+# with the engine's extras: isolated mode, so that no local wheel directory can hide a
+# conflict (a scratch venv, removed).
+check-constraints:
+	scratch=$$(mktemp -d) && $(PYTHON) -m venv $$scratch/venv && \
+		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
+			torch && \
+		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
+			".[dev,cuda]"; \
+		status=$$?; rm -rf $$scratch; exit $$status

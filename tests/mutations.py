@@ -9,9 +9,11 @@ step. Entries that pin a specific edge case select the one test written for it (
 the check also shows that this named test is what catches the bug.
 
 Before the mutations run, the selected tests must pass on an unmodified copy (otherwise a
-failure would say nothing about the mutation). Every edit's text must occur exactly once in
-its file, so a mutation that no longer applies (the code changed) is an error, not a silent
-pass; ``tests/test_mutations.py`` checks that on every CI run.
+failure would say nothing about the mutation); ``--baseline-passed`` skips that run where
+the whole suite has just passed on the same tree (``.ci/run``, after ``make test``). Every
+edit's text must occur exactly once in its file, so a mutation that no longer applies (the
+code changed) is an error, not a silent pass; ``tests/test_mutations.py`` checks that on
+every CI run.
 
 Usage::
 
@@ -285,6 +287,18 @@ MUTATIONS: list[Mutation] = [
         (("visible = key_pos[None, :] <= last_visible[:, None]",
           "visible = key_pos[None, :] < last_visible[:, None]"),),
         ATTENTION_TESTS, "a row does not see its own key",
+    ),
+    Mutation(
+        "attention-cpu-causal-off-by-one", ATTENTION,
+        (("visible = key_pos[None, :] <= last[:, None]  # [n, length]",
+          "visible = key_pos[None, :] < last[:, None]  # [n, length]"),),
+        ATTENTION_TESTS, "the CPU path: a row does not see its own key",
+    ),
+    Mutation(
+        "attention-cpu-keys-of-the-first-row-only", ATTENTION,
+        (("length = int(last.max().clamp(-1, capacity - 1)) + 1",
+          "length = int(last.min().clamp(-1, capacity - 1)) + 1"),),
+        ATTENTION_TESTS, "the CPU path gathers only the keys its first row sees",
     ),
     Mutation(
         "attention-torch-gqa-interleaved", ATTENTION,
@@ -614,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutations run at once")
     parser.add_argument("--no-stop", action="store_true",
                         help="run every selected test (list all that kill a mutation)")
+    parser.add_argument("--baseline-passed", action="store_true",
+                        help="skip the baseline: the selected tests just passed on this tree "
+                             "(.ci/run, after make test)")
     options = parser.parse_args(argv)
     by_name = {mutation.name: mutation for mutation in MUTATIONS}
     unknown = [name for name in options.names if name not in by_name]
@@ -630,8 +647,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = max(1, min(options.jobs, len(chosen)))
     with tempfile.TemporaryDirectory(prefix="wedlm-mutations-") as scratch:
         copies = [make_copy(Path(scratch) / f"copy{index}") for index in range(jobs)]
-        print("baseline: the selected tests on an unmodified copy ...", flush=True)
-        check_baseline(chosen, copies[0])
+        if options.baseline_passed:
+            print("baseline: skipped (--baseline-passed: the suite passed on this tree)",
+                  flush=True)
+        else:
+            print("baseline: the selected tests on an unmodified copy ...", flush=True)
+            check_baseline(chosen, copies[0])
+            print(f"baseline: passed in {time.monotonic() - start:.0f} s", flush=True)
         free = list(copies)
 
         def run(mutation: Mutation) -> Outcome:

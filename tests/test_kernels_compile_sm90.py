@@ -45,12 +45,32 @@ for name, (module, _) in sorted(_library.OPS.items()):
                 status=f"{type(error).__name__}: {error}"[-3000:])
 print(json.dumps(results))
 """
-# Variants known to spill a few bytes of registers to local memory (measured with ptxas;
-# the window kernel's scalar state, once per call): any other spill is a failure.
+# Variants known to spill a few bytes of registers to local memory, by Triton release
+# (measured with its ptxas): any other spill is a failure.
+# - the window kernel's scalar state, once per call (every release);
+# - Triton 3.7 (ptxas 12.8) only: the select_tokens scan specialised on a vocabulary size and
+#   row stride that are multiples of 16 keeps 80 registers and spills 12 bytes (flags and
+#   the thread index) around the slow-path calls of its IEEE divisions (x / temperature
+#   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
+#   at head size 32 and 64 spill 8 bytes. Triton 3.6 compiles all of them without a spill
+#   (make test-oldest runs this test on it).
+_WINDOW_SPILLS = {"commit_window:block_slots=32": 4, "commit_window:block_slots=256": 8}
 KNOWN_SPILL_BYTES = {
-    "commit_window:block_slots=32": 4,
-    "commit_window:block_slots=256": 8,
+    "3.6": _WINDOW_SPILLS,
+    "3.7": {**_WINDOW_SPILLS,
+            "select_tokens:scan_fp32_aligned16": 12, "select_tokens:scan_fp16_aligned16": 12,
+            "select_tokens:scan_bf16_aligned16": 12,
+            "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,
+            "paged_attention:attention_fp16_d64_m16_n32_w4": 8},
 }
+
+
+def known_spill_bytes() -> dict[str, int]:
+    """The known spills of the installed Triton's release (3.6's for an unlisted one)."""
+    import triton
+
+    release = ".".join(triton.__version__.split(".")[:2])
+    return KNOWN_SPILL_BYTES.get(release, KNOWN_SPILL_BYTES["3.6"])
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +97,9 @@ def test_no_kernel_variant_spills_registers_to_local_memory(compile_results):
     stores of every compiled variant, as a launch with typical arguments compiles it."""
     spills = {variant: result.get("spill_store_bytes", 0)
               for variant, result in compile_results.items()}
+    known = known_spill_bytes()
     unexpected = {variant: size for variant, size in spills.items()
-                  if size > KNOWN_SPILL_BYTES.get(variant, 0)}
+                  if size > known.get(variant, 0)}
     assert not unexpected, unexpected
 
 

@@ -72,16 +72,47 @@ def _rope_theta(config: dict) -> float:
     theta = top_level if top_level is not None else nested
     if theta is None:
         _fail("no rope_theta (neither at the top level nor in rope_parameters)")
-    return float(theta)
+    return _positive_float({"rope_theta": theta}, "rope_theta", 0.0)
 
 
-def _token_ids(value) -> tuple[int, ...]:
-    """``eos_token_id`` may be absent, one id or a list of ids."""
+_MISSING = object()
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(config: dict, key: str, minimum: int, default=_MISSING) -> int:
+    """``config[key]`` as an integer >= ``minimum`` (``default`` when absent or null)."""
+    value = config.get(key)
+    if value is None:
+        if default is _MISSING:
+            _fail(f"{key} must be an integer >= {minimum}, got {'null' if key in config else 'nothing (missing)'}")
+        return default
+    if not _is_int(value) or value < minimum:
+        _fail(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _positive_float(config: dict, key: str, default: float) -> float:
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
+            value == float("inf")):
+        _fail(f"{key} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _token_ids(value, key: str, vocab_size: int) -> tuple[int, ...]:
+    """``eos_token_id`` may be absent, one id or a list of ids, each in the vocabulary."""
     if value is None:
         return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for token in values:
+        if not _is_int(token) or not 0 <= token < vocab_size:
+            _fail(f"{key} must be token ids in [0, {vocab_size}) (vocab_size), got {value!r}")
+    return tuple(values)
 
 
 def _flavour(config: dict, model_type: str) -> tuple[bool, bool, bool]:
@@ -108,15 +139,17 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
     layer_types = set(config.get("layer_types") or ["full_attention"])
     if config.get("use_sliding_window") or layer_types != {"full_attention"}:
         _fail("sliding-window attention is not supported")
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "vocab_size"):
-        if key not in config:
-            _fail(f"missing {key}")
-
-    hidden_size = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
-    head_dim = int(config.get("head_dim") or hidden_size // num_heads)
+    hidden_size = _int(config, "hidden_size", 1)
+    num_layers = _int(config, "num_hidden_layers", 1)
+    num_heads = _int(config, "num_attention_heads", 1)
+    intermediate_size = _int(config, "intermediate_size", 1)
+    vocab_size = _int(config, "vocab_size", 2)
+    num_kv_heads = _int(config, "num_key_value_heads", 1, default=num_heads)
+    head_dim = _int(config, "head_dim", 2, default=hidden_size // num_heads)
+    max_positions = _int(config, "max_position_embeddings", 1, default=32768)
+    if head_dim < 2:
+        _fail(f"hidden_size={hidden_size} / num_attention_heads={num_heads} gives head_dim "
+              f"{head_dim}; set head_dim (>= 2)")
     if num_heads % num_kv_heads != 0:
         _fail(
             f"num_attention_heads={num_heads} is not a multiple of "
@@ -126,21 +159,26 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
         _fail(f"head_dim={head_dim} must be even for RoPE")
     qk_norm, qkv_bias, o_proj_bias = _flavour(config, model_type)
     mask_token_id = config.get("mask_token_id")
-    eos = _token_ids(config.get("eos_token_id"))
-    eos += tuple(t for t in _token_ids((generation_config or {}).get("eos_token_id"))
-                 if t not in eos)
+    if mask_token_id is not None and (not _is_int(mask_token_id)
+                                      or not 0 <= mask_token_id < vocab_size):
+        _fail(f"mask_token_id must be a token id in [0, {vocab_size}) (vocab_size), got "
+              f"{mask_token_id!r}")
+    eos = _token_ids(config.get("eos_token_id"), "eos_token_id", vocab_size)
+    generation_eos = _token_ids((generation_config or {}).get("eos_token_id"),
+                                "generation_config.json eos_token_id", vocab_size)
+    eos += tuple(t for t in generation_eos if t not in eos)
     return ModelConfig(
         model_type=model_type,
         hidden_size=hidden_size,
-        num_layers=int(config["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(config["intermediate_size"]),
-        vocab_size=int(config["vocab_size"]),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        rms_norm_eps=_positive_float(config, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(config),
-        max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qk_norm=qk_norm,
         qkv_bias=qkv_bias,
@@ -152,11 +190,17 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
 
 def _read_json(path: Path) -> dict:
     """A JSON object from ``path``; a ValueError naming the file if it is not one."""
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a JSON file")
     try:
-        with open(path) as file:
+        with open(path, encoding="utf-8") as file:
             value = json.load(file)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value

@@ -18,7 +18,7 @@ first token, then each forward feeds the last token.
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -74,18 +74,35 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k"):
-            if not isinstance(getattr(self, name), int):
-                raise TypeError(f"SamplingParams.{name} must be an int")
+            if not _is_int(getattr(self, name)):
+                raise TypeError(f"SamplingParams.{name} must be an int, got "
+                                f"{getattr(self, name)!r}")
         for name in ("temperature", "top_p", "penalty"):
-            if not math.isfinite(float(getattr(self, name))):
-                raise ValueError(f"SamplingParams.{name} must be finite")
-        if self.threshold is not None and math.isnan(float(self.threshold)):
-            raise ValueError("SamplingParams.threshold must not be NaN (None: one per step)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise TypeError("SamplingParams.seed must be an int or None")
-        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+        if self.threshold is not None and (not _is_real(self.threshold)
+                                           or math.isnan(self.threshold)):
+            raise ValueError("SamplingParams.threshold must be a number, not NaN (None: one "
+                             f"token per step), got {self.threshold!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise TypeError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
+        stop = self.stop_token_ids
+        if isinstance(stop, (str, bytes)) or not isinstance(stop, Sequence):
+            raise TypeError("SamplingParams.stop_token_ids must be a sequence of token ids, "
+                            f"got {stop!r}")
+        if not all(_is_int(t) and 0 <= t < 2**63 for t in stop):
+            raise ValueError("SamplingParams.stop_token_ids must be token ids (ints >= 0), got "
+                             f"{tuple(stop)!r}")
+        self.stop_token_ids = tuple(stop)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_threshold(text: str) -> float | None:
@@ -130,6 +147,18 @@ def row_bucket(live_rows: int, most: int) -> int:
         step = 1 << (bucket.bit_length() - 4)  # 2^(e) with 8 * 2^e <= live_rows < 16 * 2^e
         bucket = -(-bucket // step) * step
     return min(bucket, most)
+
+
+def _is_array(value) -> bool:
+    """A torch tensor or a numpy array (numpy imported only if the value is one)."""
+    return isinstance(value, torch.Tensor) or type(value).__module__ == "numpy"
+
+
+def _integer_dtype(array) -> bool:
+    if isinstance(array, torch.Tensor):
+        return not array.dtype.is_floating_point and not array.dtype.is_complex and (
+            array.dtype != torch.bool)
+    return array.dtype.kind in "iu"
 
 
 def _int64(value: int) -> int:
@@ -198,6 +227,10 @@ class Generator:
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs a model on a CUDA device")
+        if max_cache_tokens is not None and (not _is_int(max_cache_tokens)
+                                             or max_cache_tokens < 1):
+            raise ValueError(f"max_cache_tokens must be a positive int or None, got "
+                             f"{max_cache_tokens!r}")
         self.model = model
         self.window = window
         self.page_size = page_size
@@ -277,31 +310,59 @@ class Generator:
 
     @staticmethod
     def _prompt_list(prompts) -> list[Prompt]:
-        """A single prompt (a string or a list of token ids) as a list of one."""
+        """A single prompt (a string, a list of token ids, or a 1-D integer tensor or numpy
+        array) as a list of one."""
+        if _is_array(prompts) and prompts.ndim == 1:
+            return [prompts]
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and len(prompts) > 0
-            and all(isinstance(t, int) for t in prompts)
+            and all(_is_int(t) for t in prompts)
         ):
             prompts = [prompts]
+        if isinstance(prompts, (dict, set)) or not isinstance(prompts, Iterable):
+            raise TypeError("prompts must be a prompt (text or token ids) or a list of them, "
+                            f"got {type(prompts).__name__}")
         return list(prompts)
+
+    def _prompt_ids(self, index: int, prompt) -> list[int]:
+        """Token ids of one prompt: text through the tokenizer, or integer ids (a list, a
+        tuple, a 1-D integer tensor or numpy array)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (Generator(tokenizer=...))")
+            return self.tokenizer.encode(prompt)
+        if _is_array(prompt):
+            if prompt.ndim != 1 or not _integer_dtype(prompt):
+                raise TypeError(f"prompt {index}: a tensor or array prompt must be 1-D of an "
+                                f"integer dtype, got shape {list(prompt.shape)} and dtype "
+                                f"{prompt.dtype}")
+            return [int(t) for t in prompt.tolist()]
+        if not isinstance(prompt, Sequence) or not all(_is_int(t) for t in prompt):
+            raise TypeError(f"prompt {index}: must be text or a sequence of int token ids, got "
+                            f"{prompt!r:.80}")
+        return list(prompt)
 
     def _requests(self, prompts: list[Prompt], params, mode: str) -> list[_Request]:
         if params is None:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        elif isinstance(params, (dict, str)) or not isinstance(params, Sequence) or not all(
+                isinstance(p, SamplingParams) for p in params):
+            raise TypeError("params must be a SamplingParams, a list of them (one per prompt) "
+                            f"or None, got {params!r:.80}")
         params = list(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         vocab = self.model.config.vocab_size
-        requests = []
+        # every request is checked before any state changes (seeds drawn, pages taken)
+        checked = []
         for index, (prompt, p) in enumerate(zip(prompts, params)):
-            if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise ValueError("text prompts need a tokenizer (Generator(tokenizer=...))")
-                ids = self.tokenizer.encode(prompt)
-            else:
-                ids = [int(t) for t in prompt]
+            ids = self._prompt_ids(index, prompt)
+            outside = [t for t in p.stop_token_ids if t >= vocab]
+            if outside:
+                raise ValueError(f"prompt {index}: stop_token_ids {outside[:5]} are outside the "
+                                 f"vocabulary [0, {vocab})")
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
@@ -314,13 +375,15 @@ class Generator:
                     f"{p.max_new_tokens} exceed the model's max_position_embeddings "
                     f"({max_positions}); positions past it were never trained"
                 )
-            seed = p.seed
+            request = _Request(index, ids, p, 0)
+            self.cache.check_fits(self._positions(request), f"prompt {index}")
+            checked.append(request)
+        for request in checked:
+            seed = request.params.seed
             if seed is None:
                 seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=self.rng))
-            request = _Request(index, ids, p, _int64(seed))
-            self.cache.check_fits(self._positions(request), f"prompt {index}")
-            requests.append(request)
-        return requests
+            request.seed = _int64(seed)
+        return checked
 
     def _positions(self, request: _Request) -> int:
         """Cache positions reserved for a request at admission: prompt + max_new + window

@@ -135,6 +135,10 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+# The dtypes the decoder computes in (its weights, activations and K/V cache).
+MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def load_model(
     path: Union[str, Path],
     device: Union[str, torch.device] = "cpu",
@@ -144,6 +148,9 @@ def load_model(
     (default: bf16 on CUDA, fp32 elsewhere)."""
     path = Path(path)
     device = torch.device(device)
+    if dtype is not None and dtype not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {[str(d) for d in MODEL_DTYPES]} or None, got "
+                         f"{dtype!r}")
     dtype = dtype or default_dtype(device)
     config = load_config(path)
     headers = _read_headers(checkpoint_files(path))

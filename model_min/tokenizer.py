@@ -20,7 +20,10 @@ class Tokenizer:
                 "token ids (CLI: --prompt-ids)"
             ) from None
         self.path = Path(path)
-        self._tokenizer = _Tokenizer.from_file(str(path))
+        try:
+            self._tokenizer = _Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises its own Exception for a bad file
+            raise ValueError(f"{path}: not a readable tokenizer.json ({error})") from None
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.tiny_models import VOCAB_SIZE, build_tiny_model, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
@@ -120,3 +121,89 @@ def test_missing_mask_token_id_is_a_clear_cli_error(checkpoint, tmp_path, capsys
     assert "--mask-token-id" in capsys.readouterr().err
     assert main([*arguments, "--mask-token-id", "299"]) == 0
     assert SUMMARY.search(capsys.readouterr().out)
+
+
+# ------------------------------------------------------------------ what a user looks for
+
+
+def _run(capsys, *argv):
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_generate_help_explains_every_option_with_its_default(capsys):
+    status, out, _ = _run(capsys, "generate", "--help")
+    assert status == 0
+    for option, default in [("--window", "16"), ("--threshold", "0.4"), ("--penalty", "0.02"),
+                            ("--max-new-tokens", "128"), ("--poll-every", "1")]:
+        assert option in out
+        assert f"(default: {default})" in out.split(option, 2)[-1].split("\n  --")[0], option
+    assert "tiny_wedlm" in out  # the default --model
+
+
+def test_version_names_the_library_and_torch(capsys):
+    import wedlm_kernels
+
+    status, out, _ = _run(capsys, "--version")
+    assert status == 0 and wedlm_kernels.__version__ in out and torch.__version__ in out
+
+
+def test_default_model_is_the_shipped_demo_model(capsys):
+    status, out, _ = _run(capsys, "generate", "--prompt", "count: 7 ", "--max-new-tokens", "8",
+                          "--no-progress")
+    assert status == 0, out
+    assert out.startswith("8 9 10"), out
+
+
+def test_several_prompts_in_one_call_each_get_their_text_and_summary(capsys):
+    status, out, _ = _run(capsys, "generate", "--prompt", "count: 3 ", "--prompt",
+                          "letters: c ", "--max-new-tokens", "10", "--seed", "1")
+    assert status == 0, out
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("[0] 4 5 6") and lines[2].startswith("[1] d e f"), out
+    assert SUMMARY.search(lines[1]) and SUMMARY.search(lines[3])
+    status, out, _ = _run(capsys, "generate", "--prompt-ids", "40,41", "--prompt-ids", "50",
+                          "--max-new-tokens", "3")
+    assert status == 0 and out.startswith("[0] ") and "\n[1] " in out
+
+
+def test_committed_tokens_are_printed_after_every_step(capsys, monkeypatch):
+    """--poll-every 1 (the default) hands the commits of every step to the printer; with
+    --poll-every 4 they come in bursts of four steps."""
+    from model_min import generator as generator_module
+
+    original = generator_module.Generator.generate
+
+    def prints_with(*options):
+        calls = []
+
+        def counting(self, prompts, params=None, mode="streaming", on_tokens=None):
+            def record(index, tokens):
+                calls.append(len(tokens))
+                on_tokens(index, tokens)
+            return original(self, prompts, params, mode, record)
+
+        monkeypatch.setattr(generator_module.Generator, "generate", counting)
+        status, out, _ = _run(capsys, "generate", "--prompt", "months: january, ",
+                              "--threshold", "none", "--max-new-tokens", "12", *options)
+        assert status == 0, out
+        assert sum(calls) == 12
+        return len(calls)
+
+    assert prints_with() >= 11  # one token per step: a print per step
+    assert prints_with("--poll-every", "4") <= 4
+
+
+def test_a_long_prefill_prints_a_progress_line_on_stderr(capsys):
+    prompt = ",".join(["40"] * 300)
+    status, _, err = _run(capsys, "generate", "--prompt-ids", prompt, "--max-new-tokens", "2",
+                          "--window", "4")
+    assert status == 0
+    assert "prefill: 300 prompt tokens" in err and "prefill: done" in err
+    status, _, err = _run(capsys, "generate", "--prompt-ids", prompt, "--max-new-tokens", "2",
+                          "--window", "4", "--no-progress")
+    assert "prefill" not in err

@@ -103,12 +103,12 @@ def test_malformed_json_names_its_file(broken_dir, name, text, message):
 
 def test_mask_and_eos_ids_come_from_config_and_generation_config(tmp_path):
     (tmp_path / "config.json").write_text(
-        json.dumps({**BASE_CONFIG, "rope_theta": 1e4, "mask_token_id": 151665,
+        json.dumps({**BASE_CONFIG, "rope_theta": 1e4, "mask_token_id": 297,
                     "eos_token_id": 7})
     )
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     config = load_config(tmp_path)
-    assert config.mask_token_id == 151665
+    assert config.mask_token_id == 297
     assert config.eos_token_ids == (7, 9)
 
 

@@ -1,0 +1,201 @@
+"""model_min at its public boundaries: bad input is a clear error that names the option,
+argument, file or key (the CLI exits 2 on a usage error, 1 on any other, with one line and
+no traceback), and a request that fails validation changes no state."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from model_min import Generator, SamplingParams, load_model
+from model_min.__main__ import main
+from model_min.config import load_config
+from model_min.demo import DEMO_MODEL_DIR
+from model_min.tokenizer import load_tokenizer
+
+CONFIG = {
+    "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 48,
+    "vocab_size": 90, "rope_theta": 5e5, "max_position_embeddings": 512,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(DEMO_MODEL_DIR)
+
+
+def _config_dir(tmp_path, **overrides):
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, **overrides}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("key, value", [
+    ("hidden_size", None), ("num_hidden_layers", "2"), ("num_attention_heads", 0),
+    ("num_key_value_heads", -1), ("intermediate_size", 12.5), ("vocab_size", -7),
+    ("vocab_size", True), ("max_position_embeddings", 0), ("head_dim", 1),
+    ("rms_norm_eps", -1e-5), ("rope_theta", 0), ("mask_token_id", 90),
+    ("eos_token_id", [3, 400]),
+])
+def test_bad_config_values_name_the_file_and_the_key(tmp_path, key, value):
+    directory = _config_dir(tmp_path, **{key: value})
+    with pytest.raises(ValueError) as error:
+        load_config(directory)
+    assert str(directory / "config.json") in str(error.value) and key in str(error.value)
+
+
+def test_a_missing_size_is_named(tmp_path):
+    config = dict(CONFIG)
+    del config["intermediate_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="intermediate_size must be an integer >= 1, got "
+                                         "nothing"):
+        load_config(tmp_path)
+
+
+def test_config_that_is_not_utf8_text_is_named(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"model_type": "qwen3", "x": "\xe9\xff"}')
+    with pytest.raises(ValueError, match=r"config\.json: not UTF-8 text"):
+        load_config(tmp_path)
+
+
+def test_a_directory_in_place_of_config_json_is_named(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ValueError, match=r"config\.json: is a directory"):
+        load_config(tmp_path)
+
+
+def test_a_corrupt_tokenizer_json_is_named(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nope"}}')
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a readable tokenizer\.json"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, "bfloat16"])
+def test_load_model_rejects_a_dtype_the_decoder_cannot_compute_in(dtype):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        load_model(DEMO_MODEL_DIR, dtype=dtype)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(stop_token_ids=17), TypeError, "stop_token_ids"),
+    (dict(stop_token_ids="17"), TypeError, "stop_token_ids"),
+    (dict(stop_token_ids=(5, 2**64)), ValueError, "stop_token_ids"),
+    (dict(stop_token_ids=(1.0,)), ValueError, "stop_token_ids"),
+    (dict(max_new_tokens=False), TypeError, "max_new_tokens"),
+    (dict(max_new_tokens=8.0), TypeError, "max_new_tokens"),
+    (dict(top_k=True), TypeError, "top_k"),
+    (dict(temperature="0.5"), ValueError, "temperature"),
+    (dict(top_p=float("inf")), ValueError, "top_p"),
+    (dict(threshold=float("nan")), ValueError, "threshold"),
+    (dict(seed=3.0), TypeError, "seed"),
+])
+def test_sampling_params_reject_bad_values_by_name(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True])
+def test_generator_rejects_a_cache_without_room(tiny, value):
+    with pytest.raises(ValueError, match="max_cache_tokens"):
+        Generator(tiny, max_cache_tokens=value)
+
+
+def test_stop_ids_outside_the_vocabulary_are_rejected(tiny):
+    generator = Generator(tiny, window=4, max_batch=1)
+    vocab = tiny.config.vocab_size
+    with pytest.raises(ValueError, match=rf"stop_token_ids \[{vocab + 3}\] are outside"):
+        generator.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4,
+                                                       stop_token_ids=(2, vocab + 3)))
+
+
+@pytest.mark.parametrize("prompt, error", [
+    ([4.0, 5.0], TypeError), ([4, True], TypeError),
+    (torch.tensor([[[4, 5]]]), TypeError), (torch.tensor([4.0, 5.0]), TypeError),
+    (np.array([4.5, 5.0]), TypeError), ([[4, 5], 3], TypeError),
+])
+def test_prompts_that_are_not_integer_token_ids_are_rejected(tiny, prompt, error):
+    with pytest.raises(error, match="prompt"):
+        Generator(tiny, window=4, max_batch=2).generate(prompt, SamplingParams(max_new_tokens=2))
+
+
+def test_a_one_dimensional_integer_tensor_or_array_is_one_prompt(tiny):
+    """... and a 2-D one is a batch of equal-length prompts, one per row."""
+    params = SamplingParams(max_new_tokens=6, seed=4)
+    ids = [40, 41, 42, 43]
+    expected = Generator(tiny, window=4).generate([ids], params)[0].token_ids
+    for prompt in (torch.tensor(ids), np.array(ids, dtype=np.int32)):
+        [result] = Generator(tiny, window=4).generate(prompt, params)
+        assert result.token_ids == expected
+        [result] = Generator(tiny, window=4).generate([prompt], params)
+        assert result.token_ids == expected
+    rows = Generator(tiny, window=4).generate(torch.tensor([ids, ids]), params)
+    assert [r.token_ids for r in rows] == [expected, expected]
+
+
+@pytest.mark.parametrize("params", [{"max_new_tokens": 3}, "greedy", [SamplingParams(), 3]])
+def test_params_that_are_not_sampling_params_are_rejected(tiny, params):
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        Generator(tiny, window=4).generate([[7, 8], [9, 10]], params)
+
+
+def test_a_rejected_request_draws_no_seed(tiny):
+    """Validation comes before any state change: after a rejected request, the next
+    unseeded request gets the seed a fresh Generator would give it."""
+    good = SamplingParams(max_new_tokens=3, temperature=0.9)
+    bad = SamplingParams(max_new_tokens=3, stop_token_ids=(tiny.config.vocab_size,))
+    used = Generator(tiny, window=4, seed=123)
+    with pytest.raises(ValueError):
+        used.generate([[11, 12], [13, 14]], [good, bad])
+    fresh = Generator(tiny, window=4, seed=123)
+    assert used.generate([[15, 16]], good)[0].seed == fresh.generate([[15, 16]], good)[0].seed
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def _cli(capsys, *argv):
+    """Runs the CLI in-process; returns (exit status, stdout, stderr)."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:  # argparse's usage errors and --version
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda:x"], "--device"),
+    (["--window", "0"], "--window"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens"),
+    (["--prompt-ids", "1,two"], "--prompt-ids"),
+    (["--threshold", "low"], "--threshold"),
+])
+def test_cli_usage_errors_exit_2_naming_the_option(capsys, argv, option):
+    base = ["generate"] + ([] if "--prompt-ids" in argv else ["--prompt-ids", "4,5"])
+    status, _, err = _cli(capsys, *base, *argv)
+    assert status == 2 and f"argument {option}" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cli_cuda_without_cuda_is_a_usage_error(capsys):
+    status, _, err = _cli(capsys, "generate", "--prompt-ids", "4,5", "--device", "cuda")
+    assert status == 2 and "argument --device: 'cuda': no CUDA device" in err
+
+
+def test_cli_errors_in_the_checkpoint_exit_1_with_the_file_and_key(capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(DEMO_MODEL_DIR, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_attention_heads": None}))
+    status, _, err = _cli(capsys, "generate", "--model", str(model), "--prompt-ids", "4,5")
+    assert status == 1 and "config.json" in err and "num_attention_heads" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_stop_id_outside_the_vocabulary_exits_1(capsys):
+    status, _, err = _cli(capsys, "generate", "--prompt-ids", "4,5", "--stop-ids", "9999")
+    assert status == 1 and "stop_token_ids [9999] are outside the vocabulary" in err

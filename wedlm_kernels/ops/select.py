@@ -53,7 +53,8 @@ def select_tokens(
       over the top-k survivors (keep ``v`` iff the probability of the strictly more
       probable tokens is ``< top_p``; the top token is always kept), then the Gumbel-max
       sample ``argmax(logits / temperature + g)`` with ``g`` from Philox4x32-10 keyed by
-      ``seed[b]`` at counter ``(v, row_pos)``. NaN logits count as ``-inf``.
+      ``seed[b]``: the word of index ``v`` is output ``v & 3`` of the call at counter
+      ``(v >> 2, row_pos)`` (docs/contracts.md). NaN logits count as ``-inf``.
     - ``selected``: ``entropy + penalty[b] * (row_pos - min valid row_pos of b) <
       threshold[b]``; if no row of ``b`` passes, only the first row with the smallest such
       value (NaN rows only when all valid rows are NaN). ``threshold = -inf`` selects one

@@ -17,6 +17,7 @@ first token, then each forward feeds the last token.
 """
 
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ class SamplingParams:
             if not _is_int(getattr(self, name)):
                 raise TypeError(f"SamplingParams.{name} must be an int, got "
                                 f"{getattr(self, name)!r}")
+            setattr(self, name, int(getattr(self, name)))
         for name in ("temperature", "top_p", "penalty"):
             value = getattr(self, name)
             if not _is_real(value) or not math.isfinite(value):
@@ -94,15 +96,17 @@ class SamplingParams:
         if not all(_is_int(t) and 0 <= t < 2**63 for t in stop):
             raise ValueError("SamplingParams.stop_token_ids must be token ids (ints >= 0), got "
                              f"{tuple(stop)!r}")
-        self.stop_token_ids = tuple(stop)
+        self.stop_token_ids = tuple(int(t) for t in stop)
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def parse_threshold(text: str) -> float | None:
@@ -340,7 +344,7 @@ class Generator:
         if not isinstance(prompt, Sequence) or not all(_is_int(t) for t in prompt):
             raise TypeError(f"prompt {index}: must be text or a sequence of int token ids, got "
                             f"{prompt!r:.80}")
-        return list(prompt)
+        return [int(t) for t in prompt]
 
     def _requests(self, prompts: list[Prompt], params, mode: str) -> list[_Request]:
         if params is None:

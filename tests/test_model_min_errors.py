@@ -199,3 +199,12 @@ def test_cli_errors_in_the_checkpoint_exit_1_with_the_file_and_key(capsys, tmp_p
 def test_cli_stop_id_outside_the_vocabulary_exits_1(capsys):
     status, _, err = _cli(capsys, "generate", "--prompt-ids", "4,5", "--stop-ids", "9999")
     assert status == 1 and "stop_token_ids [9999] are outside the vocabulary" in err
+
+
+def test_numpy_integers_are_token_ids(tiny):
+    params = SamplingParams(max_new_tokens=4, seed=2, stop_token_ids=[np.int64(3)])
+    assert params.stop_token_ids == (3,) and type(params.stop_token_ids[0]) is int
+    ids = [np.int32(21), np.int64(22), 23]
+    [result] = Generator(tiny, window=4).generate([ids], params)
+    [expected] = Generator(tiny, window=4).generate([[21, 22, 23]], params)
+    assert result.token_ids == expected.token_ids

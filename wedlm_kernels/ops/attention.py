@@ -191,6 +191,26 @@ def _row_sequences(num_rows: int, batch: int, query_start: torch.Tensor,
     return sequence, row_live, last_visible
 
 
+def _page_slots(page_table: torch.Tensor, key_pos: torch.Tensor, page_size: int,
+                num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(covered, slots)`` of key positions ``key_pos`` through ``page_table`` (one
+    sequence's ``[P]`` row or the whole ``[B, P]`` table): whether each position's page id
+    is a page of the cache, and its flat cache slot (out-of-range ids clamped, so that the
+    gather stays in bounds; such positions are marked not covered)."""
+    page_ids = page_table.long()[..., key_pos // page_size]
+    covered = (page_ids >= 0) & (page_ids < num_pages)
+    slots = page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size
+    return covered, slots
+
+
+def _loud_rows(visible: torch.Tensor, covered: torch.Tensor, last_visible: torch.Tensor,
+               capacity: int) -> torch.Tensor:
+    """Rows whose output is NaN by the contract: one sees a position without a page, or
+    past the page table, or no position at all."""
+    return ((visible & ~covered).any(dim=-1) | (last_visible >= capacity)
+            | (last_visible < 0))
+
+
 def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
             visible: torch.Tensor, scale: float) -> torch.Tensor:
     """Float32 attention of rows ``query [n, Hkv, G, D]`` over ``keys``/``values``
@@ -243,13 +263,11 @@ def paged_attention_torch_per_sequence(
         # every row seeing a position past the table, or none, is NaN (loud) below
         length = int(last.max().clamp(-1, capacity - 1)) + 1
         key_pos = torch.arange(length)
-        page_ids = block_table[b].long()[key_pos // page_size]
-        covered = (page_ids >= 0) & (page_ids < num_pages)
-        slots = page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size
+        covered, slots = _page_slots(block_table[b], key_pos, page_size, num_pages)
         visible = key_pos[None, :] <= last[:, None]  # [n, length]
         rows_out = _attend(query[rows].float(), k_flat[slots].float(), v_flat[slots].float(),
                            visible, scale)
-        loud = (visible & ~covered).any(dim=-1) | (last >= capacity) | (last < 0)
+        loud = _loud_rows(visible, covered[None, :], last, capacity)
         out[rows] = torch.where(loud[:, None, None, None], math.nan, rows_out)
     return out.reshape(q.shape).to(q.dtype)
 
@@ -283,17 +301,11 @@ def paged_attention_torch_gathered(
     # The cache entries of positions 0 .. capacity-1 of every sequence; page ids out of
     # range are clamped for the gather and the positions marked as not covered.
     key_pos = torch.arange(capacity, device=device)
-    page_ids = block_table.long()[:, key_pos // page_size]  # [B, K]
-    covered = (page_ids >= 0) & (page_ids < num_pages)
-    slots = page_ids.clamp(0, num_pages - 1) * page_size + key_pos % page_size
+    covered, slots = _page_slots(block_table, key_pos, page_size, num_pages)  # [B, K]
     keys = k_cache.view(-1, kv_heads, head_dim)[slots][sequence].float()  # [N, K, Hkv, D]
     values = v_cache.view(-1, kv_heads, head_dim)[slots][sequence].float()
     visible = key_pos[None, :] <= last_visible[:, None]  # [N, K]
-    row_loud = (
-        (visible & ~covered[sequence]).any(dim=-1)
-        | (last_visible >= capacity)
-        | (last_visible < 0)
-    )
+    row_loud = _loud_rows(visible, covered[sequence], last_visible, capacity)
 
     # Scores [N, Hkv, G, K]: query head h = n * G + g reads KV head n.
     query = q.float().reshape(num_rows, kv_heads, group, head_dim)

@@ -22,10 +22,8 @@ The summary holds ``tiny_prefill_over_sdpa`` and ``qwen3_8b_prefill_extra_gb``.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from bench.common import (
     command_line,
     device_info,
     fmt,
+    time_cpu,
     utc_now,
     versions,
     write_json,
@@ -82,13 +81,8 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Ten
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    """Median of ``repeats`` timed calls after one warm-up (:func:`bench.common.time_cpu`)."""
+    return time_cpu(fn, rep_ms=0.0, min_samples=repeats, max_samples=repeats).median_us / 1e3
 
 
 def tiny_prefill(tokens: int, repeats: int) -> dict:

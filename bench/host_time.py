@@ -149,7 +149,7 @@ def write_markdown(report: dict, path: Path) -> None:
     lines = [
         "# Host time per eager op call (median, us)",
         "",
-        f"{report['device_name']}, {report['date']}, `{report['command']}`",
+        f"{report['device']['name']}, {report['date']}, `{report['command']}`",
         f"versions: {report['versions']}",
         "",
         *markdown_table(["device", "op", "public", "torch.ops", "launcher"], rows),
@@ -188,7 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.update(
         benchmark="host_time", date=utc_now(), device=device_info(device),
         command=command_line("bench.host_time", argv), versions=versions(),
-        device_name=torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU",
         label=None if device.type == "cuda" else CPU_LABEL,
         summary=summarise(report["benchmarks"]))
     write_json(json_path, report)

@@ -7,6 +7,7 @@ only plain RoPE.
 """
 
 import json
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -78,8 +79,15 @@ def _rope_theta(config: dict) -> float:
 _MISSING = object()
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_integer(value) -> bool:
+    """An integer (Python's or numpy's), not a bool: the check of every integer that
+    model_min takes (config values, token ids, counts)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _int(config: dict, key: str, minimum: int, default=_MISSING) -> int:
@@ -87,9 +95,10 @@ def _int(config: dict, key: str, minimum: int, default=_MISSING) -> int:
     value = config.get(key)
     if value is None:
         if default is _MISSING:
-            _fail(f"{key} must be an integer >= {minimum}, got {'null' if key in config else 'nothing (missing)'}")
+            found = "null" if key in config else "nothing (missing)"
+            _fail(f"{key} must be an integer >= {minimum}, got {found}")
         return default
-    if not _is_int(value) or value < minimum:
+    if not is_integer(value) or value < minimum:
         _fail(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
@@ -98,8 +107,7 @@ def _positive_float(config: dict, key: str, default: float) -> float:
     value = config.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
-            value == float("inf")):
+    if not is_real(value) or not 0 < value < float("inf"):
         _fail(f"{key} must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -110,7 +118,7 @@ def _token_ids(value, key: str, vocab_size: int) -> tuple[int, ...]:
         return ()
     values = value if isinstance(value, (list, tuple)) else [value]
     for token in values:
-        if not _is_int(token) or not 0 <= token < vocab_size:
+        if not is_integer(token) or not 0 <= token < vocab_size:
             _fail(f"{key} must be token ids in [0, {vocab_size}) (vocab_size), got {value!r}")
     return tuple(values)
 
@@ -159,7 +167,7 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
         _fail(f"head_dim={head_dim} must be even for RoPE")
     qk_norm, qkv_bias, o_proj_bias = _flavour(config, model_type)
     mask_token_id = config.get("mask_token_id")
-    if mask_token_id is not None and (not _is_int(mask_token_id)
+    if mask_token_id is not None and (not is_integer(mask_token_id)
                                       or not 0 <= mask_token_id < vocab_size):
         _fail(f"mask_token_id must be a token id in [0, {vocab_size}) (vocab_size), got "
               f"{mask_token_id!r}")

@@ -17,7 +17,6 @@ first token, then each forward feeds the last token.
 """
 
 import math
-import numbers
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import torch
 import wedlm_kernels as wk
 
 from .cache import slot_mapping_for
+from .config import is_integer, is_real
 from .graphs import StepGraphs, bucket_size
 from .model import Model
 from .state import BatchState, concat
@@ -75,38 +75,28 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k"):
-            if not _is_int(getattr(self, name)):
+            if not is_integer(getattr(self, name)):
                 raise TypeError(f"SamplingParams.{name} must be an int, got "
                                 f"{getattr(self, name)!r}")
             setattr(self, name, int(getattr(self, name)))
         for name in ("temperature", "top_p", "penalty"):
             value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value):
+            if not is_real(value) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
-        if self.threshold is not None and (not _is_real(self.threshold)
+        if self.threshold is not None and (not is_real(self.threshold)
                                            or math.isnan(self.threshold)):
             raise ValueError("SamplingParams.threshold must be a number, not NaN (None: one "
                              f"token per step), got {self.threshold!r}")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_integer(self.seed):
             raise TypeError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
         stop = self.stop_token_ids
         if isinstance(stop, (str, bytes)) or not isinstance(stop, Sequence):
             raise TypeError("SamplingParams.stop_token_ids must be a sequence of token ids, "
                             f"got {stop!r}")
-        if not all(_is_int(t) and 0 <= t < 2**63 for t in stop):
+        if not all(is_integer(t) and 0 <= t < 2**63 for t in stop):
             raise ValueError("SamplingParams.stop_token_ids must be token ids (ints >= 0), got "
                              f"{tuple(stop)!r}")
         self.stop_token_ids = tuple(int(t) for t in stop)
-
-
-def _is_int(value) -> bool:
-    """An integer (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    """A real number (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def parse_threshold(text: str) -> float | None:
@@ -231,7 +221,7 @@ class Generator:
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs a model on a CUDA device")
-        if max_cache_tokens is not None and (not _is_int(max_cache_tokens)
+        if max_cache_tokens is not None and (not is_integer(max_cache_tokens)
                                              or max_cache_tokens < 1):
             raise ValueError(f"max_cache_tokens must be a positive int or None, got "
                              f"{max_cache_tokens!r}")
@@ -320,7 +310,7 @@ class Generator:
             return [prompts]
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and len(prompts) > 0
-            and all(_is_int(t) for t in prompts)
+            and all(is_integer(t) for t in prompts)
         ):
             prompts = [prompts]
         if isinstance(prompts, (dict, set)) or not isinstance(prompts, Iterable):
@@ -341,7 +331,7 @@ class Generator:
                                 f"integer dtype, got shape {list(prompt.shape)} and dtype "
                                 f"{prompt.dtype}")
             return [int(t) for t in prompt.tolist()]
-        if not isinstance(prompt, Sequence) or not all(_is_int(t) for t in prompt):
+        if not isinstance(prompt, Sequence) or not all(is_integer(t) for t in prompt):
             raise TypeError(f"prompt {index}: must be text or a sequence of int token ids, got "
                             f"{prompt!r:.80}")
         return [int(t) for t in prompt]

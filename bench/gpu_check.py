@@ -310,18 +310,16 @@ class Run:
 
 def _stop(process: subprocess.Popen) -> None:
     """SIGTERM to the step's process group, SIGKILL after KILL_GRACE_S."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
         try:
-            os.killpg(process.pid, sig)
+            os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        if grace is None:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            pass
+    except ProcessLookupError:
+        pass
 
 
 # A step's stand-in (GPU_CHECK_STUB): the probe's slug line, then a result file written

@@ -4,6 +4,7 @@ other cases in-process through ``model_min.__main__.main`` (same code, no interp
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from bench.tiny_models import VOCAB_SIZE, build_tiny_model, save_checkpoint
 from model_min import Generator, SamplingParams, load_model
 from model_min.__main__ import main
+from model_min.demo import DEMO_MODEL_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(
@@ -207,3 +209,41 @@ def test_a_long_prefill_prints_a_progress_line_on_stderr(capsys):
     status, _, err = _run(capsys, "generate", "--prompt-ids", prompt, "--max-new-tokens", "2",
                           "--window", "4", "--no-progress")
     assert "prefill" not in err
+
+
+# ------------------------------------------------------------- bad input at the CLI
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda:x"], "--device"),
+    (["--window", "0"], "--window"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens"),
+    (["--prompt-ids", "1,two"], "--prompt-ids"),
+    (["--threshold", "low"], "--threshold"),
+])
+def test_cli_usage_errors_exit_2_naming_the_option(capsys, argv, option):
+    base = ["generate"] + ([] if "--prompt-ids" in argv else ["--prompt-ids", "4,5"])
+    status, _, err = _run(capsys, *base, *argv)
+    assert status == 2 and f"argument {option}" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_cli_cuda_without_cuda_is_a_usage_error(capsys):
+    status, _, err = _run(capsys, "generate", "--prompt-ids", "4,5", "--device", "cuda")
+    assert status == 2 and "argument --device: 'cuda': no CUDA device" in err
+
+
+def test_cli_errors_in_the_checkpoint_exit_1_with_the_file_and_key(capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(DEMO_MODEL_DIR, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_attention_heads": None}))
+    status, _, err = _run(capsys, "generate", "--model", str(model), "--prompt-ids", "4,5")
+    assert status == 1 and "config.json" in err and "num_attention_heads" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_stop_id_outside_the_vocabulary_exits_1(capsys):
+    status, _, err = _run(capsys, "generate", "--prompt-ids", "4,5", "--stop-ids", "9999")
+    assert status == 1 and "stop_token_ids [9999] are outside the vocabulary" in err

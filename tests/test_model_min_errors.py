@@ -1,16 +1,14 @@
-"""model_min at its public boundaries: bad input is a clear error that names the option,
-argument, file or key (the CLI exits 2 on a usage error, 1 on any other, with one line and
-no traceback), and a request that fails validation changes no state."""
+"""model_min at its public boundaries: bad input is a clear error that names the argument,
+file or key, and a request that fails validation changes no state. (The CLI's errors are in
+tests/test_model_min_cli.py.)"""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
 from model_min import Generator, SamplingParams, load_model
-from model_min.__main__ import main
 from model_min.config import load_config
 from model_min.demo import DEMO_MODEL_DIR
 from model_min.tokenizer import load_tokenizer
@@ -151,54 +149,6 @@ def test_a_rejected_request_draws_no_seed(tiny):
         used.generate([[11, 12], [13, 14]], [good, bad])
     fresh = Generator(tiny, window=4, seed=123)
     assert used.generate([[15, 16]], good)[0].seed == fresh.generate([[15, 16]], good)[0].seed
-
-
-# ------------------------------------------------------------------------------ the CLI
-
-
-def _cli(capsys, *argv):
-    """Runs the CLI in-process; returns (exit status, stdout, stderr)."""
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:  # argparse's usage errors and --version
-        status = exit_.code
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
-
-
-@pytest.mark.parametrize("argv, option", [
-    (["--device", "tpu"], "--device"),
-    (["--device", "cuda:x"], "--device"),
-    (["--window", "0"], "--window"),
-    (["--max-new-tokens", "-1"], "--max-new-tokens"),
-    (["--prompt-ids", "1,two"], "--prompt-ids"),
-    (["--threshold", "low"], "--threshold"),
-])
-def test_cli_usage_errors_exit_2_naming_the_option(capsys, argv, option):
-    base = ["generate"] + ([] if "--prompt-ids" in argv else ["--prompt-ids", "4,5"])
-    status, _, err = _cli(capsys, *base, *argv)
-    assert status == 2 and f"argument {option}" in err and "Traceback" not in err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-def test_cli_cuda_without_cuda_is_a_usage_error(capsys):
-    status, _, err = _cli(capsys, "generate", "--prompt-ids", "4,5", "--device", "cuda")
-    assert status == 2 and "argument --device: 'cuda': no CUDA device" in err
-
-
-def test_cli_errors_in_the_checkpoint_exit_1_with_the_file_and_key(capsys, tmp_path):
-    model = tmp_path / "model"
-    shutil.copytree(DEMO_MODEL_DIR, model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "num_attention_heads": None}))
-    status, _, err = _cli(capsys, "generate", "--model", str(model), "--prompt-ids", "4,5")
-    assert status == 1 and "config.json" in err and "num_attention_heads" in err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-
-
-def test_cli_stop_id_outside_the_vocabulary_exits_1(capsys):
-    status, _, err = _cli(capsys, "generate", "--prompt-ids", "4,5", "--stop-ids", "9999")
-    assert status == 1 and "stop_token_ids [9999] are outside the vocabulary" in err
 
 
 def test_numpy_integers_are_token_ids(tiny):

@@ -16,9 +16,13 @@ Select one with ``HYPOTHESIS_PROFILE=<name>``.
 """
 
 import os
+from importlib.util import find_spec
 
 import pytest
 import torch
+
+# tests/vllm_plugin needs a real vLLM (make test-vllm runs it in .venv-vllm)
+collect_ignore = [] if find_spec("vllm") is not None else ["vllm_plugin"]
 
 # Without a GPU, Triton kernels run through Triton's interpreter: the kernel tests call the
 # launchers directly on CPU tensors. This must be set before triton is first imported (it is

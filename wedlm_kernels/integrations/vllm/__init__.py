@@ -21,3 +21,31 @@ def register() -> None:
     from ._register import register_all
 
     register_all()
+
+
+def _model_state(worker):
+    return worker.model_runner.model_state
+
+
+def _worker_request_stats(worker, request_ids: list[str]) -> dict:
+    state = _model_state(worker)
+    return {request_id: state.request_stats(request_id) for request_id in request_ids}
+
+
+def _worker_row_stats(worker) -> dict:
+    return _model_state(worker).row_stats()
+
+
+def request_stats(llm, request_ids: list[str]) -> dict:
+    """``{request_id: {"forwards": F, "rows": R} or None}`` for requests of ``llm`` (a
+    ``vllm.LLM`` on a WeDLM model), finished ones included: the decode forwards each took
+    part in and the live window rows it fed (model_min's ``Result.forwards`` and
+    ``Result.rows``). From the first worker."""
+    return llm.collective_rpc(_worker_request_stats, args=(list(request_ids),))[0]
+
+
+def row_stats(llm) -> dict:
+    """``{"rows_fed": N, "live_rows": L}``: the query rows the engine's decode steps fed
+    (the fixed canvas, ``2W`` per request) and the live window rows among them, since it
+    started. ``live_rows / rows_fed`` is the share of the canvas that did useful work."""
+    return llm.collective_rpc(_worker_row_stats)[0]

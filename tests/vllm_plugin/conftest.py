@@ -3,7 +3,7 @@ the CPU: ``make test-vllm`` (their own venv, ``.venv-vllm``). Without vLLM insta
 are not collected (tests/conftest.py).
 
 The engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each starts in
-about 13 s on two cores, so one engine serves a whole module. Model Runner V2's own Triton
+about 13 s on two cores, so one engine serves most tests. Model Runner V2's own Triton
 kernels run in Triton's interpreter, through the test-only "cpu" backend of
 ``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
 """
@@ -93,8 +93,9 @@ def make_engine(model: Path, **overrides):
     return LLM(str(model), **options)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine(wedlm_checkpoint):
+    """The engine most tests share (window 8, a 64-token step budget, 32-position blocks)."""
     llm = make_engine(wedlm_checkpoint)
     yield llm
     llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,102 @@
+"""Bad input gets a clear error naming what is wrong, and nothing hangs: parameters WeDLM
+decoding does not serve, bad WeDLM settings, a prompt past max_model_len, bad engine
+configuration; and a decode step that stops making progress fails by the guard."""
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import StructuredOutputsParams
+
+from wedlm_kernels.integrations.vllm.state import NoProgressError
+
+from .conftest import WINDOW, make_engine
+from .test_vllm_decoding import PROMPTS
+
+UNSUPPORTED = [
+    ("n", dict(n=2, temperature=1.0)),
+    ("logprobs", dict(logprobs=1)),
+    ("prompt_logprobs", dict(prompt_logprobs=1)),
+    ("presence_penalty", dict(presence_penalty=0.5)),
+    ("frequency_penalty", dict(frequency_penalty=0.5)),
+    ("repetition_penalty", dict(repetition_penalty=1.2)),
+    ("min_p", dict(min_p=0.1)),
+    ("min_tokens", dict(min_tokens=3)),
+    ("logit_bias", dict(logit_bias={5: 1.0})),
+    ("allowed_token_ids", dict(allowed_token_ids=[1, 2, 3])),
+    ("structured_outputs", dict(structured_outputs=StructuredOutputsParams(regex="[ab]+"))),
+    ("diffusion_canvas_length", dict(extra_args={"diffusion_canvas_length": 8})),
+    ("wedlm_block", dict(extra_args={"wedlm_block": 4})),
+    ("wedlm_window", dict(extra_args={"wedlm_window": WINDOW + 1})),
+    ("wedlm_window", dict(extra_args={"wedlm_window": 0})),
+    ("wedlm_mode", dict(extra_args={"wedlm_mode": "autoregressive"})),
+    ("wedlm_entropy_threshold", dict(extra_args={"wedlm_entropy_threshold": "low"})),
+    ("wedlm_distance_penalty", dict(extra_args={"wedlm_distance_penalty": float("inf")})),
+]
+
+
+@pytest.mark.parametrize("name, options", UNSUPPORTED, ids=[f"{n}-{i}" for i, (n, _) in
+                                                            enumerate(UNSUPPORTED)])
+def test_an_unsupported_parameter_fails_at_request_time_naming_it(engine, name, options):
+    params = SamplingParams(max_tokens=8, **options)
+    with pytest.raises(VLLMValidationError, match=name) as failure:
+        engine.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)
+    assert name in failure.value.parameter  # the OpenAI server reports it as the "param"
+
+
+def test_temperature_and_seed_are_served_and_the_engine_survives_bad_requests(engine):
+    # vLLM refuses both for diffusion models; WeDLM serves them
+    params = SamplingParams(max_tokens=8, temperature=0.7, seed=1234, ignore_eos=True)
+    output = engine.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)[0]
+    assert len(output.outputs[0].token_ids) == 8
+
+
+def test_a_prompt_past_max_model_len_is_refused(engine):
+    with pytest.raises(VLLMValidationError, match="maximum context length is 256"):
+        engine.generate([{"prompt_token_ids": [65] * 300}], SamplingParams(max_tokens=4),
+                        use_tqdm=False)
+
+
+@pytest.mark.parametrize("additional_config, message", [
+    ({"wedlm": {"window": 0}}, r'additional_config\["wedlm"\]\["window"\]'),
+    ({"wedlm": {"mode": "ar"}}, r'additional_config\["wedlm"\]\["mode"\]'),
+    ({"wedlm": {"threshold": 0.4}}, "unknown keys"),
+])
+def test_bad_engine_settings_fail_at_startup_naming_them(wedlm_checkpoint, additional_config,
+                                                         message):
+    with pytest.raises(Exception, match=message):
+        make_engine(wedlm_checkpoint, additional_config=additional_config)
+
+
+def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
+    with pytest.raises(Exception, match="mask_token_id"):
+        make_engine(wedlm_checkpoint, hf_overrides={"mask_token_id": None})
+
+
+def test_a_step_that_makes_no_progress_fails_by_the_guard(wedlm_checkpoint, monkeypatch):
+    import wedlm_kernels as wk
+
+    select_tokens = wk.select_tokens
+
+    def select_nothing(*args):
+        token, selected, entropy = select_tokens(*args)
+        return token, torch.zeros_like(selected), entropy
+
+    monkeypatch.setattr(wk, "select_tokens", select_nothing)
+    engine = make_engine(wedlm_checkpoint, additional_config={"wedlm": {"window": 2}})
+    try:
+        with pytest.raises(Exception) as failure:
+            engine.generate([{"prompt_token_ids": PROMPTS[0]}],
+                            SamplingParams(max_tokens=20, temperature=0), use_tqdm=False)
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    chain = [failure.value, *_causes(failure.value)]
+    assert any(isinstance(error, NoProgressError) for error in chain), chain
+    assert "committed no token in 11 decode steps" in str(
+        next(e for e in chain if isinstance(e, NoProgressError)))
+
+
+def _causes(error):
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+        yield error

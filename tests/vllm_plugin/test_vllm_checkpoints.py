@@ -1,0 +1,62 @@
+"""The checkpoint flavours WeDLMForCausalLM serves: a WeDLM checkpoint of the Qwen2.5
+flavour (q/k/v bias, no qk-norm), and a plain Qwen3 checkpoint through hf_overrides, each
+equal to model_min token for token."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from vllm import SamplingParams
+
+import model_min
+
+from .conftest import TINY, WINDOW, make_engine, write_checkpoint
+from .test_vllm_decoding import PROMPTS, vllm_generate
+
+
+@pytest.fixture(scope="module")
+def qwen2_flavour_checkpoint(tmp_path_factory):
+    """The tiny model's weights without the q/k norms and with random q/k/v biases."""
+    weights = load_file(TINY / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name in list(weights):
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            del weights[name]
+        elif name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            rows = weights[name].shape[0]
+            weights[name.replace(".weight", ".bias")] = 0.05 * torch.randn(
+                rows, generator=generator)
+    folder = tmp_path_factory.mktemp("qwen2-flavour")
+    save_file(weights, folder / "weights.safetensors")
+    return write_checkpoint(folder / "tiny-wedlm-qwen2", {
+        "model_type": "wedlm", "architectures": ["WeDLMForCausalLM"], "qk_norm": False,
+        "attention_bias": True,
+    }, weights=folder / "weights.safetensors")
+
+
+def reference(path, prompts, max_new_tokens):
+    generator = model_min.Generator(model_min.load_model(path), window=WINDOW, max_batch=4)
+    results = generator.generate(prompts, model_min.SamplingParams(
+        max_new_tokens=max_new_tokens))
+    return [(r.token_ids, r.forwards, r.rows) for r in results]
+
+
+def test_the_qwen2_flavour_equals_model_min(qwen2_flavour_checkpoint):
+    engine = make_engine(qwen2_flavour_checkpoint)
+    try:
+        got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=24, temperature=0,
+                                                            ignore_eos=True))
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    assert got == reference(qwen2_flavour_checkpoint, PROMPTS, 24)
+
+
+def test_a_plain_qwen3_checkpoint_is_served_through_hf_overrides():
+    engine = make_engine(TINY, skip_tokenizer_init=True,
+                         hf_overrides={"architectures": ["WeDLMForCausalLM"]})
+    try:
+        got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=24, temperature=0,
+                                                            ignore_eos=True,
+                                                            detokenize=False))
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    assert got == reference(TINY, PROMPTS, 24)

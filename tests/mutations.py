@@ -54,6 +54,10 @@ class Mutation:
     tests: tuple[str, ...]
     bug: str
     keyword: str = ""
+    # a text the failing run must print (the error that should catch the bug), else the
+    # mutation counts as not run: e.g. a stuck decode step must fail by the progress guard,
+    # not by a test's timeout
+    expect: str = ""
 
     def apply(self, text: str) -> str:
         for old, new in self.edits:
@@ -509,6 +513,45 @@ MUTATIONS: list[Mutation] = [
     ),
 ]
 
+# The vLLM plugin's entries: their tests need vLLM, so they run in .venv-vllm
+# (`make test-vllm`, `python -m tests.mutations --set vllm`), not in `make mutation`.
+VLLM_STATE = "wedlm_kernels/integrations/vllm/state.py"
+VLLM_DECODING = "tests/vllm_plugin/test_vllm_decoding.py"
+VLLM_MUTATIONS = [
+    Mutation(
+        "vllm-sampler-never-fills-a-mask", VLLM_STATE,
+        (("        win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)\n",
+          "        selected = torch.zeros_like(selected)\n"
+          "        win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)\n"),),
+        (VLLM_DECODING,), "no selected row is written into the window: no request ever "
+        "commits (must fail by the progress guard, not hang)",
+        keyword="greedy_streaming", expect="NoProgressError",
+    ),
+    Mutation(
+        "vllm-canvas-keeps-physical-positions", VLLM_STATE,
+        (("        batch_positions.copy_(torch.where(on_canvas, positions[source], "
+          "batch_positions))\n", ""),),
+        (VLLM_DECODING,), "the canvas rows keep vLLM's physical positions: RoPE no longer "
+        "sees the logical ones", keyword="greedy_streaming",
+    ),
+    Mutation(
+        "vllm-every-canvas-row-rejected", VLLM_STATE,
+        (("torch.where(step[\"num_logits\"] > 0, step[\"query_len\"] - committed, 0)",
+          "torch.where(step[\"num_logits\"] > 0, step[\"query_len\"], 0)"),),
+        (VLLM_DECODING,), "vLLM is told every canvas row was rejected: num_computed_tokens "
+        "never advances past the prompt", keyword="greedy_streaming",
+    ),
+    Mutation(
+        "vllm-resumed-request-restarts-at-the-prompt", VLLM_STATE,
+        (("        self.ctx_len[slot].fill_(len(tokens))\n",
+          "        self.ctx_len[slot].fill_(len(prompt))\n"),),
+        ("tests/vllm_plugin/test_vllm_requests.py",), "a request resumed after preemption "
+        "places its window right after the prompt, over its committed tokens",
+        keyword="preempted",
+    ),
+]
+MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}
+
 
 @dataclass
 class Outcome:
@@ -603,6 +646,9 @@ def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> 
     seconds = time.monotonic() - start
     output = done.stdout + done.stderr
     failing = failing_tests(output)
+    if failing and mutation.expect and mutation.expect not in output:
+        return Outcome(mutation.name, "ERROR", seconds, failing,
+                       detail=f"failed, but without {mutation.expect!r} in its output")
     if failing:
         return Outcome(mutation.name, "killed", seconds, failing)
     if done.returncode == 0 and summary_counts(done.stdout).get("passed", 0) > 0:
@@ -628,15 +674,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutations run at once")
     parser.add_argument("--no-stop", action="store_true",
                         help="run every selected test (list all that kill a mutation)")
+    parser.add_argument("--set", choices=sorted(MUTATION_SETS), default="kernels",
+                        help="which list to run: the kernels' and model_min's (default), or "
+                             "the vLLM plugin's (needs vLLM: make test-vllm)")
     parser.add_argument("--baseline-passed", action="store_true",
                         help="skip the baseline: the selected tests just passed on this tree "
                              "(.ci/run, after make test)")
     options = parser.parse_args(argv)
-    by_name = {mutation.name: mutation for mutation in MUTATIONS}
+    by_name = {m.name: m for mutations in MUTATION_SETS.values() for m in mutations}
     unknown = [name for name in options.names if name not in by_name]
     if unknown:
         parser.error(f"unknown mutations: {', '.join(unknown)}")
-    chosen = [by_name[name] for name in options.names] or MUTATIONS
+    chosen = [by_name[name] for name in options.names] or MUTATION_SETS[options.set]
     if options.list:
         for mutation in chosen:
             print(f"{mutation.name}\n    {mutation.path}: {mutation.bug}\n"

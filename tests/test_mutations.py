@@ -9,14 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from importlib.util import find_spec
+
 from tests.mutations import (
     MUTATIONS,
     ROOT,
+    VLLM_MUTATIONS,
     Mutation,
     make_copy,
     repository_files,
     run_mutation,
 )
+
+HAS_VLLM = find_spec("vllm") is not None
 
 OP_FILES = {
     "reorder_window": "wedlm_kernels/ops/reorder.py",
@@ -41,7 +46,7 @@ def _in_triton_kernel(path: str, old: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutation", MUTATIONS + VLLM_MUTATIONS, ids=lambda m: m.name)
 def test_every_mutation_applies_exactly_once_and_changes_the_source(mutation):
     source = (ROOT / mutation.path).read_text()
     mutated = mutation.apply(source)  # raises unless each edit's text occurs exactly once
@@ -59,14 +64,15 @@ def _collected_items(files: list[str]) -> list[str]:
 
 
 def test_mutation_names_are_unique_and_their_tests_exist():
-    names = [mutation.name for mutation in MUTATIONS]
+    names = [mutation.name for mutation in MUTATIONS + VLLM_MUTATIONS]
     assert len(names) == len(set(names))
-    for mutation in MUTATIONS:
+    for mutation in MUTATIONS + VLLM_MUTATIONS:
         assert mutation.tests and mutation.bug, mutation.name
         for test in mutation.tests:
             assert (ROOT / test.split("::")[0]).is_file(), (mutation.name, test)
     # a keyword (a plain substring, as `pytest -k` matches it) selects at least one test
-    narrowed = [mutation for mutation in MUTATIONS if mutation.keyword]
+    # (the vLLM plugin's tests are collected only where vLLM is installed)
+    narrowed = [m for m in MUTATIONS + (VLLM_MUTATIONS if HAS_VLLM else []) if m.keyword]
     items = _collected_items(sorted({test for m in narrowed for test in m.tests}))
     for mutation in narrowed:
         assert any(
@@ -109,6 +115,10 @@ def test_the_harness_tells_killed_survived_and_not_run_apart(tmp_path: Path):
     )
     survived = run_mutation(harmless, copy)
     assert survived.status == "SURVIVED", survived
+    unexpected = Mutation("killed-by-something-else", planted.path, planted.edits,
+                          planted.tests, planted.bug, keyword=planted.keyword,
+                          expect="NoProgressError")
+    assert run_mutation(unexpected, copy).status == "ERROR"
     selects_nothing = Mutation("selects-nothing", planted.path, planted.edits, planted.tests,
                                "no test runs", keyword="no_test_is_named_like_this")
     assert run_mutation(selects_nothing, copy).status == "ERROR"

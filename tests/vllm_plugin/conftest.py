@@ -8,6 +8,7 @@ kernels run in Triton's interpreter, through the test-only "cpu" backend of
 ``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,24 +83,62 @@ def wedlm_checkpoint(tmp_path_factory) -> Path:
     })
 
 
-def make_engine(model: Path, **overrides):
-    """An in-process vLLM engine on the CPU with WeDLM's settings for the tests."""
-    from vllm import LLM
+class Engines:
+    """The in-process engines of the session, one alive at a time: vLLM's parallel groups
+    are global to the process, and shutting an engine down destroys them under any other.
+    ``shared()`` is the engine most tests use (started on first use, again after an
+    engine of its own); ``own(...)`` closes it first and starts one with other options."""
 
-    options = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=4,
-                   max_num_batched_tokens=64, block_size=32, seed=0,
-                   additional_config={"wedlm": {"window": WINDOW}})
-    options.update(overrides)
-    return LLM(str(model), **options)
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+        self._shared = None
+
+    @staticmethod
+    def start(model: Path, **overrides):
+        from vllm import LLM
+
+        options = dict(dtype="float32", enforce_eager=True, max_model_len=256,
+                       max_num_seqs=4, max_num_batched_tokens=64, block_size=32, seed=0,
+                       additional_config={"wedlm": {"window": WINDOW}})
+        options.update(overrides)
+        return LLM(str(model), **options)
+
+    @staticmethod
+    def stop(llm) -> None:
+        llm.llm_engine.engine_core.shutdown()
+
+    def shared(self):
+        if self._shared is None:
+            self._shared = self.start(self.checkpoint)
+        return self._shared
+
+    def close_shared(self) -> None:
+        if self._shared is not None:
+            self.stop(self._shared)
+            self._shared = None
+
+    @contextlib.contextmanager
+    def own(self, model: Path | None = None, **overrides):
+        """An engine of the test's own (closed when the test is done)."""
+        self.close_shared()
+        llm = self.start(model or self.checkpoint, **overrides)
+        try:
+            yield llm
+        finally:
+            self.stop(llm)
 
 
 @pytest.fixture(scope="session")
-def engine(wedlm_checkpoint):
-    """The engine most tests share (window 8, a 64-token step budget, 32-position blocks)."""
-    llm = make_engine(wedlm_checkpoint)
-    yield llm
-    llm.llm_engine.engine_core.shutdown()
-    del llm
+def engines(wedlm_checkpoint):
+    manager = Engines(wedlm_checkpoint)
+    yield manager
+    manager.close_shared()
+
+
+@pytest.fixture
+def engine(engines):
+    """The shared engine (window 8, a 64-token step budget, 32-position blocks)."""
+    return engines.shared()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from vllm import SamplingParams
 
 import model_min
 
-from .conftest import TINY, WINDOW, make_engine, write_checkpoint
+from .conftest import TINY, WINDOW, write_checkpoint
 from .test_vllm_decoding import PROMPTS, vllm_generate
 
 
@@ -40,23 +40,17 @@ def reference(path, prompts, max_new_tokens):
     return [(r.token_ids, r.forwards, r.rows) for r in results]
 
 
-def test_the_qwen2_flavour_equals_model_min(qwen2_flavour_checkpoint):
-    engine = make_engine(qwen2_flavour_checkpoint)
-    try:
+def test_the_qwen2_flavour_equals_model_min(engines, qwen2_flavour_checkpoint):
+    with engines.own(qwen2_flavour_checkpoint) as engine:
         got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=24, temperature=0,
                                                             ignore_eos=True))
-    finally:
-        engine.llm_engine.engine_core.shutdown()
     assert got == reference(qwen2_flavour_checkpoint, PROMPTS, 24)
 
 
-def test_a_plain_qwen3_checkpoint_is_served_through_hf_overrides():
-    engine = make_engine(TINY, skip_tokenizer_init=True,
-                         hf_overrides={"architectures": ["WeDLMForCausalLM"]})
-    try:
+def test_a_plain_qwen3_checkpoint_is_served_through_hf_overrides(engines):
+    with engines.own(TINY, skip_tokenizer_init=True,
+                     hf_overrides={"architectures": ["WeDLMForCausalLM"]}) as engine:
         got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=24, temperature=0,
                                                             ignore_eos=True,
                                                             detokenize=False))
-    finally:
-        engine.llm_engine.engine_core.shutdown()
     assert got == reference(TINY, PROMPTS, 24)

@@ -10,7 +10,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from wedlm_kernels.integrations.vllm.state import NoProgressError
 
-from .conftest import WINDOW, make_engine
+from .conftest import WINDOW, Engines
 from .test_vllm_decoding import PROMPTS
 
 UNSUPPORTED = [
@@ -65,15 +65,15 @@ def test_a_prompt_past_max_model_len_is_refused(engine):
 def test_bad_engine_settings_fail_at_startup_naming_them(wedlm_checkpoint, additional_config,
                                                          message):
     with pytest.raises(Exception, match=message):
-        make_engine(wedlm_checkpoint, additional_config=additional_config)
+        Engines.start(wedlm_checkpoint, additional_config=additional_config)
 
 
 def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
     with pytest.raises(Exception, match="mask_token_id"):
-        make_engine(wedlm_checkpoint, hf_overrides={"mask_token_id": None})
+        Engines.start(wedlm_checkpoint, hf_overrides={"mask_token_id": None})
 
 
-def test_a_step_that_makes_no_progress_fails_by_the_guard(wedlm_checkpoint, monkeypatch):
+def test_a_step_that_makes_no_progress_fails_by_the_guard(engines, monkeypatch):
     import wedlm_kernels as wk
 
     select_tokens = wk.select_tokens
@@ -83,13 +83,10 @@ def test_a_step_that_makes_no_progress_fails_by_the_guard(wedlm_checkpoint, monk
         return token, torch.zeros_like(selected), entropy
 
     monkeypatch.setattr(wk, "select_tokens", select_nothing)
-    engine = make_engine(wedlm_checkpoint, additional_config={"wedlm": {"window": 2}})
-    try:
-        with pytest.raises(Exception) as failure:
-            engine.generate([{"prompt_token_ids": PROMPTS[0]}],
-                            SamplingParams(max_tokens=20, temperature=0), use_tqdm=False)
-    finally:
-        engine.llm_engine.engine_core.shutdown()
+    with engines.own(additional_config={"wedlm": {"window": 2}}) as engine, \
+            pytest.raises(Exception) as failure:
+        engine.generate([{"prompt_token_ids": PROMPTS[0]}],
+                        SamplingParams(max_tokens=20, temperature=0), use_tqdm=False)
     chain = [failure.value, *_causes(failure.value)]
     assert any(isinstance(error, NoProgressError) for error in chain), chain
     assert "committed no token in 11 decode steps" in str(

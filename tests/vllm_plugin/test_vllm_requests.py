@@ -6,7 +6,6 @@ from vllm import SamplingParams
 import model_min
 from wedlm_kernels.integrations.vllm import request_stats
 
-from .conftest import make_engine
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
 
@@ -90,19 +89,16 @@ def expected_with_restarts(reference, prompt, max_tokens, restarts):
     return tokens
 
 
-def test_preempted_requests_restart_their_window_from_the_committed_tokens(
-        wedlm_checkpoint, reference):
+def test_preempted_requests_restart_their_window_from_the_committed_tokens(engines,
+                                                                           reference):
     # 10 cache blocks of 32 positions for 4 requests that need 3 to 5 blocks each: vLLM
     # preempts some and resumes them later (prompt + committed tokens prefilled again)
-    engine = make_engine(wedlm_checkpoint, num_gpu_blocks_override=10)
-    try:
-        prompts = [p * 2 for p in PROMPTS]
+    prompts = [p * 2 for p in PROMPTS]
+    with engines.own(num_gpu_blocks_override=10) as engine:
         outputs = engine.generate([{"prompt_token_ids": p} for p in prompts],
                                   SamplingParams(max_tokens=70, temperature=0,
                                                  ignore_eos=True), use_tqdm=False)
         stats = request_stats(engine, [o.request_id for o in outputs])
-    finally:
-        engine.llm_engine.engine_core.shutdown()
     restarts = [stats[o.request_id]["restarts"] for o in outputs]
     assert any(restarts), "no request was preempted: the test needs a smaller cache"
     for prompt, output, points in zip(prompts, outputs, restarts):

@@ -1,0 +1,142 @@
+"""WeDLM's vLLM settings and request check (wedlm_kernels.integrations.vllm.settings):
+pure Python, so tested here too, without vLLM; the engine tests (tests/vllm_plugin) run
+them against a real engine. And the integration stays a room above the ops: it imports
+only the public API, and ``import wedlm_kernels`` does not import it or vLLM."""
+
+import ast
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from wedlm_kernels.integrations.vllm.settings import (
+    MAX_STOP_IDS,
+    SettingsError,
+    WeDLMSettings,
+    engine_settings,
+    request_settings,
+    stop_ids_of,
+    unsupported_parameters,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
+
+
+def test_engine_defaults_are_the_reference_engines():
+    settings = engine_settings({})
+    assert settings == WeDLMSettings(window=16, entropy_threshold=0.4, distance_penalty=0.02,
+                                     mode="streaming")
+    assert settings.canvas_length == 32
+    assert engine_settings(None) == settings
+
+
+def test_engine_settings_come_from_additional_config():
+    settings = engine_settings({"wedlm": {"window": 4, "entropy_threshold": None,
+                                          "distance_penalty": 0, "mode": "blockwise"},
+                                "other_plugin": {"x": 1}})
+    assert (settings.window, settings.entropy_threshold, settings.mode) == (4, None,
+                                                                           "blockwise")
+    assert settings.threshold_value == -math.inf and settings.canvas_length == 8
+    assert isinstance(settings.distance_penalty, float)
+
+
+@pytest.mark.parametrize("section, named", [
+    ({"window": 0}, '["window"]'), ({"window": 2.0}, '["window"]'),
+    ({"window": True}, '["window"]'), ({"entropy_threshold": float("nan")},
+                                       '["entropy_threshold"]'),
+    ({"entropy_threshold": "0.4"}, '["entropy_threshold"]'),
+    ({"distance_penalty": float("inf")}, '["distance_penalty"]'),
+    ({"mode": "ar"}, '["mode"]'), ({"windw": 8}, "unknown keys ['windw']"),
+])
+def test_bad_engine_settings_are_named(section, named):
+    with pytest.raises(SettingsError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        engine_settings({"wedlm": section})
+
+
+def test_the_wedlm_entry_must_be_an_object():
+    with pytest.raises(SettingsError, match="must be an object"):
+        engine_settings({"wedlm": [16]})
+
+
+def test_request_settings_override_the_engines_within_its_window():
+    engine = engine_settings({"wedlm": {"window": 8}})
+    assert request_settings(engine, None) == engine
+    settings = request_settings(engine, {"wedlm_window": 3, "wedlm_mode": "blockwise",
+                                         "wedlm_entropy_threshold": 1,
+                                         "wedlm_distance_penalty": 0.5, "unrelated": 1})
+    assert settings == WeDLMSettings(3, 1.0, 0.5, "blockwise")
+    for bad in (9, 0, -1, "4"):
+        with pytest.raises(SettingsError, match=r"extra_args\['wedlm_window'\]") as error:
+            request_settings(engine, {"wedlm_window": bad})
+        assert error.value.parameter == "extra_args['wedlm_window']"
+
+
+def params(**fields):
+    defaults = dict(n=1, logprobs=None, prompt_logprobs=None, presence_penalty=0.0,
+                    frequency_penalty=0.0, repetition_penalty=1.0, min_p=0.0, min_tokens=0,
+                    logit_bias=None, bad_words=None, allowed_token_ids=None,
+                    structured_outputs=None, logits_processors=None, extra_args=None,
+                    eos_token_id=None, stop_token_ids=[])
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+def test_supported_parameters_pass_the_check():
+    assert unsupported_parameters(params()) == []
+    assert unsupported_parameters(params(extra_args={"wedlm_mode": "blockwise",
+                                                     "user_tag": 3})) == []
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(n=2), "n"), (dict(logprobs=0), "logprobs"), (dict(prompt_logprobs=0),
+                                                       "prompt_logprobs"),
+    (dict(presence_penalty=0.1), "presence_penalty"),
+    (dict(frequency_penalty=-0.1), "frequency_penalty"),
+    (dict(repetition_penalty=1.1), "repetition_penalty"), (dict(min_p=0.05), "min_p"),
+    (dict(min_tokens=1), "min_tokens"), (dict(logit_bias={1: 1.0}), "logit_bias"),
+    (dict(bad_words=["x"]), "bad_words"), (dict(allowed_token_ids=[1]), "allowed_token_ids"),
+    (dict(structured_outputs=object()), "structured_outputs"),
+    (dict(logits_processors=[object()]), "logits_processors"),
+    (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
+    (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
+])
+def test_each_unsupported_parameter_is_named(fields, name):
+    assert [found for found, _ in unsupported_parameters(params(**fields))] == [name]
+
+
+def test_stop_ids_are_eos_then_stop_token_ids_without_repeats():
+    assert stop_ids_of(params(eos_token_id=7, stop_token_ids=[3, 7, 9])) == [7, 3, 9]
+    assert stop_ids_of(params(eos_token_id=None, stop_token_ids=[5])) == [5]
+    assert MAX_STOP_IDS >= 8
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_integration_uses_only_the_public_api():
+    files = sorted(INTEGRATIONS.rglob("*.py"))
+    assert files
+    for path in files:
+        private = {name for name in _imports(path)
+                   if name.startswith("wedlm_kernels.") and not name.startswith(
+                       "wedlm_kernels.integrations")}
+        assert not private, (path, private)
+
+
+def test_importing_the_package_imports_no_engine():
+    code = ("import sys, wedlm_kernels, wedlm_kernels.integrations.vllm; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' "
+            "or m.startswith('wedlm_kernels.integrations.vllm.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]"

@@ -61,10 +61,13 @@ lint: $(STAMP)
 VERSION_TESTS := tests/test_philox.py $(wildcard tests/test_*_kernel.py) \
 	tests/test_select_tokens.py tests/test_paged_attention.py tests/test_reorder_window.py \
 	tests/test_rope_kv_append.py tests/test_commit_window.py tests/test_silu_mul.py
+# (The two may run side by side, make -j2: each builds the package from this tree, which
+# writes build/ and the egg-info here, so the installs take turns.)
 define version_job
+	mkdir -p build
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q -c constraints.txt $(TORCH_FROM) torch
-	$(1)/bin/python -m pip install -q $(2) ".[test]"
+	flock $(CURDIR)/build/.install.lock $(1)/bin/python -m pip install -q $(2) ".[test]"
 	$(1)/bin/python -m pip list 2>/dev/null | grep -E -i "^(torch|triton|numpy) "
 	HYPOTHESIS_PROFILE=smoke $(1)/bin/python -m pytest -q -p no:cacheprovider $(VERSION_TESTS)
 	scratch=$$(mktemp -d) && cd $$scratch && \
@@ -81,14 +84,15 @@ test-oldest:
 	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0")
 
 # The constraints resolve against the plain package index, for the default (CUDA) torch,
-# with the engine's extras: isolated mode, so that no local wheel directory can hide a
-# conflict (a scratch venv, removed).
+# with the engine's extras and the vLLM plugin's (the GPU vllm the README installs):
+# isolated mode, so that no local wheel directory can hide a conflict (a scratch venv,
+# removed).
 check-constraints:
 	scratch=$$(mktemp -d) && $(PYTHON) -m venv $$scratch/venv && \
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
 			torch && \
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
-			".[dev,cuda]"; \
+			".[dev,cuda,vllm]"; \
 		status=$$?; rm -rf $$scratch; exit $$status
 
 # The vLLM plugin (wedlm_kernels.integrations.vllm) against a real vLLM engine on the CPU:

@@ -21,9 +21,6 @@ from importlib.util import find_spec
 import pytest
 import torch
 
-# tests/vllm_plugin needs a real vLLM (make test-vllm runs it in .venv-vllm)
-collect_ignore = [] if find_spec("vllm") is not None else ["vllm_plugin"]
-
 # Without a GPU, Triton kernels run through Triton's interpreter: the kernel tests call the
 # launchers directly on CPU tensors. This must be set before triton is first imported (it is
 # read when a kernel is decorated; importing torch does not import triton). The backend
@@ -31,7 +28,10 @@ collect_ignore = [] if find_spec("vllm") is not None else ["vllm_plugin"]
 # rest of the suite is unaffected.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+
+# tests/vllm_plugin needs a real vLLM (make test-vllm runs it in .venv-vllm)
+collect_ignore = [] if find_spec("vllm") is not None else ["vllm_plugin"]
 
 _COMMON = dict(
     deadline=None,

@@ -5,11 +5,10 @@ takes about three minutes on two cores; ``.ci/run`` runs it after the suite.)"""
 import ast
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-
-from importlib.util import find_spec
 
 from tests.mutations import (
     MUTATIONS,

@@ -68,6 +68,12 @@ def test_bad_engine_settings_fail_at_startup_naming_them(wedlm_checkpoint, addit
         Engines.start(wedlm_checkpoint, additional_config=additional_config)
 
 
+def test_the_v1_model_runner_is_refused(wedlm_checkpoint, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(Exception, match="VLLM_USE_V2_MODEL_RUNNER=1"):
+        Engines.start(wedlm_checkpoint)
+
+
 def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
     with pytest.raises(Exception, match="mask_token_id"):
         Engines.start(wedlm_checkpoint, hf_overrides={"mask_token_id": None})

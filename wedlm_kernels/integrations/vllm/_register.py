@@ -56,6 +56,9 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
             raise ValueError(f"{ARCHITECTURE}: diffusion_config.canvas_length must be 2 * "
                              f"window = {canvas} (set the window with additional_config="
                              f"{{'wedlm': {{'window': W}}}}), got {diffusion.canvas_length}")
+        if not vllm_config.use_v2_model_runner:
+            raise ValueError(f"{ARCHITECTURE} runs on vLLM's Model Runner V2 (its ModelState "
+                             "hooks carry the WeDLM loop): set VLLM_USE_V2_MODEL_RUNNER=1")
         scheduler = vllm_config.scheduler_config
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "

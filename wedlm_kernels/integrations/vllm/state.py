@@ -302,7 +302,6 @@ class WeDLMSampler:
         self.base = base_sampler
         self.req_states = base_sampler.req_states
         self.compute_nans = False
-        width = state.settings.canvas_length
         self._no_tokens = torch.zeros((state.max_num_reqs, 1), dtype=torch.int64,
                                       device=state.device)
 

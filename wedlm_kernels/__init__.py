@@ -27,7 +27,7 @@ from .ops.rope import rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "BACKEND",

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from wedlm_kernels.integrations.vllm.settings import (
+    MAX_REQUEST_STOP_IDS,
     MAX_STOP_IDS,
     SettingsError,
     WeDLMSettings,
@@ -102,6 +103,7 @@ def test_supported_parameters_pass_the_check():
     (dict(logits_processors=[object()]), "logits_processors"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
+    (dict(stop_token_ids=list(range(MAX_REQUEST_STOP_IDS + 1))), "stop_token_ids"),
 ])
 def test_each_unsupported_parameter_is_named(fields, name):
     assert [found for found, _ in unsupported_parameters(params(**fields))] == [name]
@@ -110,7 +112,8 @@ def test_each_unsupported_parameter_is_named(fields, name):
 def test_stop_ids_are_eos_then_stop_token_ids_without_repeats():
     assert stop_ids_of(params(eos_token_id=7, stop_token_ids=[3, 7, 9])) == [7, 3, 9]
     assert stop_ids_of(params(eos_token_id=None, stop_token_ids=[5])) == [5]
-    assert MAX_STOP_IDS >= 8
+    assert MAX_STOP_IDS - MAX_REQUEST_STOP_IDS >= 8  # room for a checkpoint's eos ids
+    assert unsupported_parameters(params(stop_token_ids=list(range(MAX_REQUEST_STOP_IDS)))) == []
 
 
 def _imports(path: Path) -> set[str]:

@@ -33,18 +33,28 @@ def qwen2_flavour_checkpoint(tmp_path_factory):
     }, weights=folder / "weights.safetensors")
 
 
-def reference(path, prompts, max_new_tokens):
+def reference(path, prompts, max_new_tokens, mode="streaming", **params):
     generator = model_min.Generator(model_min.load_model(path), window=WINDOW, max_batch=4)
     results = generator.generate(prompts, model_min.SamplingParams(
-        max_new_tokens=max_new_tokens))
+        max_new_tokens=max_new_tokens, **params), mode=mode)
     return [(r.token_ids, r.forwards, r.rows) for r in results]
 
 
-def test_the_qwen2_flavour_equals_model_min(engines, qwen2_flavour_checkpoint):
-    with engines.own(qwen2_flavour_checkpoint) as engine:
-        got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=24, temperature=0,
-                                                            ignore_eos=True))
-    assert got == reference(qwen2_flavour_checkpoint, PROMPTS, 24)
+def test_the_qwen2_flavour_and_engine_wide_settings_equal_model_min(engines,
+                                                                    qwen2_flavour_checkpoint):
+    # the engine's own settings, not the defaults: block-wise, threshold 1.0, penalty 0.05
+    settings = {"window": WINDOW, "mode": "blockwise", "entropy_threshold": 1.0,
+                "distance_penalty": 0.05}
+    with engines.own(qwen2_flavour_checkpoint, additional_config={"wedlm": settings}) as engine:
+        blockwise = vllm_generate(engine, PROMPTS, SamplingParams(
+            max_tokens=24, temperature=0, ignore_eos=True))
+        streaming = vllm_generate(engine, PROMPTS, SamplingParams(
+            max_tokens=24, temperature=0, ignore_eos=True,
+            extra_args={"wedlm_mode": "streaming"}))
+    selection = dict(threshold=1.0, penalty=0.05)
+    assert blockwise == reference(qwen2_flavour_checkpoint, PROMPTS, 24, "blockwise",
+                                  **selection)
+    assert streaming == reference(qwen2_flavour_checkpoint, PROMPTS, 24, **selection)
 
 
 def test_a_plain_qwen3_checkpoint_is_served_through_hf_overrides(engines):

@@ -113,6 +113,21 @@ def test_eos_ends_a_request_unless_ignore_eos(engine, reference):
                                          model_min.SamplingParams(max_new_tokens=60))
 
 
+def test_a_stop_string_ends_the_request_where_vllm_finds_it(engine, reference):
+    _, tokenizer = reference
+    prompt = tokenizer.encode("def add(a, b):\n    return")
+    full = reference_generate(reference, [prompt], model_min.SamplingParams(
+        max_new_tokens=40))[0][0]
+    text = tokenizer.decode(full)
+    stop = text[12:15]
+    output = engine.generate([{"prompt_token_ids": prompt}], SamplingParams(
+        max_tokens=40, temperature=0, ignore_eos=True, stop=[stop]), use_tqdm=False)[0]
+    assert output.outputs[0].finish_reason == "stop"
+    assert output.outputs[0].text == text[: text.index(stop)]
+    tokens = list(output.outputs[0].token_ids)
+    assert tokens == full[: len(tokens)] and len(tokens) < len(full)
+
+
 def test_rows_fed_count_the_fixed_canvas_and_live_rows_the_window(engine):
     before = row_stats(engine)
     vllm_generate(engine, PROMPTS[:2], SamplingParams(max_tokens=12, temperature=0,

@@ -24,6 +24,8 @@ UNSUPPORTED = [
     ("min_tokens", dict(min_tokens=3)),
     ("logit_bias", dict(logit_bias={5: 1.0})),
     ("allowed_token_ids", dict(allowed_token_ids=[1, 2, 3])),
+    ("stop_token_ids", dict(stop_token_ids=list(range(100, 125)))),
+    ("logprob_token_ids", dict(logprob_token_ids=[1, 2])),
     ("structured_outputs", dict(structured_outputs=StructuredOutputsParams(regex="[ab]+"))),
     ("diffusion_canvas_length", dict(extra_args={"diffusion_canvas_length": 8})),
     ("wedlm_block", dict(extra_args={"wedlm_block": 4})),
@@ -69,9 +71,18 @@ def test_bad_engine_settings_fail_at_startup_naming_them(wedlm_checkpoint, addit
 
 
 def test_the_v1_model_runner_is_refused(wedlm_checkpoint, monkeypatch):
+    import vllm.envs
+
+    # vLLM caches its environment once an engine has started: set both
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    monkeypatch.setattr(vllm.envs, "VLLM_USE_V2_MODEL_RUNNER", False, raising=False)
     with pytest.raises(Exception, match="VLLM_USE_V2_MODEL_RUNNER=1"):
         Engines.start(wedlm_checkpoint)
+
+
+def test_pipeline_parallelism_is_refused(wedlm_checkpoint):
+    with pytest.raises(Exception, match="WeDLMForCausalLM does not support pipeline parallelism"):
+        Engines.start(wedlm_checkpoint, pipeline_parallel_size=2)
 
 
 def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):

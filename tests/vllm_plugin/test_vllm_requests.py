@@ -77,6 +77,20 @@ def test_prefix_caching_reuses_committed_kv(engine, reference):
     assert list(second.outputs[0].token_ids) == want[0][0]
 
 
+def test_a_request_given_part_of_its_canvas_decodes_what_fits(engines, reference):
+    # a 40-token step budget: two canvases of 16 rows, and 8 rows for the third request,
+    # fewer than its window; it decodes the part that fits instead of waiting
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    with engines.own(max_num_batched_tokens=40) as engine:
+        got = vllm_generate(engine, PROMPTS[:3], params)
+    want = reference_generate(reference, PROMPTS[:3], model_min.SamplingParams(
+        max_new_tokens=30))
+    assert got[:2] == want[:2]  # full canvases: as model_min
+    tokens, forwards, rows = got[2]
+    assert len(tokens) == 30 and forwards > 0
+    assert rows < want[2][2]  # it fed fewer live rows than an untruncated window would
+
+
 def expected_with_restarts(reference, prompt, max_tokens, restarts):
     """model_min's tokens for a request that vLLM preempted after ``restarts[i]`` output
     tokens: up to each restart an uninterrupted run; from it, a run on the prompt plus the

@@ -59,6 +59,13 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         if not vllm_config.use_v2_model_runner:
             raise ValueError(f"{ARCHITECTURE} runs on vLLM's Model Runner V2 (its ModelState "
                              "hooks carry the WeDLM loop): set VLLM_USE_V2_MODEL_RUNNER=1")
+        if vllm_config.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError(f"{ARCHITECTURE} does not support pipeline parallelism: the "
+                             "sampler, which moves the window state, runs on the last stage "
+                             "only (tensor parallelism is the way to shard it)")
+        if vllm_config.speculative_config is not None:
+            raise ValueError(f"{ARCHITECTURE} does not take a speculative_config: WeDLM's "
+                             "window uses vLLM's draft-token rows itself")
         scheduler = vllm_config.scheduler_config
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "

@@ -19,8 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 MODES = ("streaming", "blockwise")
-# Stop ids a request may carry on the device (eos and stop_token_ids together).
-MAX_STOP_IDS = 16
+# Stop ids a request carries on the device (eos and stop_token_ids together), and the
+# stop_token_ids a request may ask for (vLLM adds the checkpoint's eos ids after the check).
+MAX_STOP_IDS = 32
+MAX_REQUEST_STOP_IDS = 24
 REQUEST_KEYS = {
     "wedlm_window": "window",
     "wedlm_entropy_threshold": "entropy_threshold",
@@ -126,6 +128,10 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "no logprobs (tokens are committed from a window, not sampled one by one)")
     check("prompt_logprobs", getattr(params, "prompt_logprobs", None) is not None,
           "no prompt logprobs (prefill computes no logits)")
+    check("logprob_token_ids", bool(getattr(params, "logprob_token_ids", None)),
+          "no logprobs of chosen tokens")
+    check("prompt_logprob_token_ids", bool(getattr(params, "prompt_logprob_token_ids", None)),
+          "no prompt logprobs (prefill computes no logits)")
     check("presence_penalty", getattr(params, "presence_penalty", 0.0) != 0.0, "no penalties")
     check("frequency_penalty", getattr(params, "frequency_penalty", 0.0) != 0.0,
           "no penalties")
@@ -141,6 +147,9 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "no structured outputs")
     check("logits_processors", bool(getattr(params, "logits_processors", None)),
           "no logits processors")
+    stop_token_ids = set(getattr(params, "stop_token_ids", None) or ())
+    check("stop_token_ids", len(stop_token_ids) > MAX_REQUEST_STOP_IDS,
+          f"at most {MAX_REQUEST_STOP_IDS} stop token ids, got {len(stop_token_ids)}")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

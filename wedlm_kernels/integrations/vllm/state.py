@@ -22,7 +22,6 @@ capture the forward in CUDA graphs. The host decides only from what it already h
 (``cu_num_logits_np``, the modes and windows it stored when a request arrived).
 """
 
-import secrets
 from typing import Any
 
 import numpy as np
@@ -64,6 +63,8 @@ class WeDLMModelState(DefaultModelState):
     """
 
     num_new_sampled_tokens_per_step = 0  # a step commits 0 .. C tokens, all "drafts"
+    # vLLM embeds prompt embeddings before prepare_inputs rewrites the canvas ids
+    supports_prompt_embeds = False
 
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
@@ -93,7 +94,8 @@ class WeDLMModelState(DefaultModelState):
         self.block_window = buffer((slots,), torch.int32, self.window)
         self.stalled = buffer((slots,), torch.int32)
         # Per request, as model_min counts them: decode forwards it was live in, and the
-        # live window rows it fed; kept (on the device) for a while after it finishes.
+        # live window rows it fed (across preemptions); kept (on the device) for a while
+        # after it finishes.
         self.forwards = buffer((slots,), torch.int64)
         self.rows = buffer((slots,), torch.int64)
         self._finished_counts: dict[str, torch.Tensor] = {}
@@ -110,7 +112,7 @@ class WeDLMModelState(DefaultModelState):
         self._stalled_event = torch.cuda.Event() if pin else None
         # A correct step fills a mask whenever the window holds one and commits the
         # leading run otherwise, so a request commits within W + 1 steps (block-wise too);
-        # the guard allows twice the canvas.
+        # the guard allows 4W + 2 (twice the canvas, and two).
         self.max_stalled_steps = 2 * width + 2
 
         # Host-side facts about each slot, written when a request arrives.
@@ -136,7 +138,9 @@ class WeDLMModelState(DefaultModelState):
         if len(stops) > MAX_STOP_IDS:
             raise ValueError(f"a WeDLM request takes at most {MAX_STOP_IDS} stop ids (eos "
                              f"included), got {len(stops)}")
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        # an unseeded request draws from numpy's global generator, which vLLM seeds alike
+        # on every rank (tensor-parallel ranks must commit the same tokens)
+        seed = params.seed if params.seed is not None else int(np.random.randint(0, 2**63 - 1))
         greedy = params.temperature < _SAMPLING_EPS
         slot = req_index
         if generated > 0:
@@ -153,8 +157,8 @@ class WeDLMModelState(DefaultModelState):
         self.finished[slot].fill_(remaining == 0)
         self.max_new[slot].fill_(remaining)
         self.stop_ids[slot].fill_(-1)
-        if stops:
-            self.stop_ids[slot, : len(stops)].copy_(torch.tensor(stops, dtype=torch.int64))
+        for index, stop in enumerate(stops):  # fills: no copy from pageable host memory
+            self.stop_ids[slot, index].fill_(stop)
         self.temperature[slot].fill_(0.0 if greedy else float(params.temperature))
         self.top_k[slot].fill_(0 if greedy or params.top_k <= 0 else int(params.top_k))
         self.top_p[slot].fill_(1.0 if greedy else float(params.top_p))
@@ -164,9 +168,15 @@ class WeDLMModelState(DefaultModelState):
         self.blockwise[slot].fill_(settings.mode == "blockwise")
         self.block_window[slot].fill_(settings.window)
         self.stalled[slot].fill_(0)
-        self.forwards[slot].fill_(0)
-        self.rows[slot].fill_(0)
         self._stalled_view[slot] = 0
+        # a resumed request goes on counting from where its preemption left it
+        earlier = self._finished_counts.pop(new_req_data.req_id, None) if generated else None
+        if earlier is None:
+            self.forwards[slot].fill_(0)
+            self.rows[slot].fill_(0)
+        else:
+            self.forwards[slot].copy_(earlier[0])
+            self.rows[slot].copy_(earlier[1])
 
     def remove_request(self, req_id: str) -> None:
         super().remove_request(req_id)
@@ -212,11 +222,13 @@ class WeDLMModelState(DefaultModelState):
         canvas_start = query_start[1:] - num_logits  # a prompt's tail may precede its canvas
         canvas_rows = num_logits.clamp(max=width)
 
-        # The live window of each request this step; a request given fewer canvas rows
-        # than its window (vLLM's token budget ran out) sits the step out.
+        # The live window of each request this step. A request given fewer canvas rows than
+        # its window (the step's token budget ran out, or max_model_len trims the canvas
+        # of a request with steps in flight) decodes the part that fits: its filled slots
+        # past the canvas are dropped, as in a preemption, and the window grows back.
         win_len = self.win_len.index_select(0, slots)
-        live_len = torch.where((canvas_rows >= win_len) & ~self.finished.index_select(0, slots),
-                               win_len, 0)
+        live_len = torch.where(self.finished.index_select(0, slots), 0,
+                               torch.minimum(win_len, canvas_rows.to(torch.int32)))
         # Every canvas row is fed from the window state: the live slots, then masks
         # (slots >= win_len are masks), so the padding rows sit after the live ones and no
         # live row attends to them.

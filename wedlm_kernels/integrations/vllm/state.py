@@ -39,6 +39,12 @@ logger = init_logger(__name__)
 _SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
 
 
+def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The request of each packed row: ``i`` with ``starts[i] <= row < starts[i + 1]``
+    (``starts`` [B + 1], cumulative; rows past the end go to the last request)."""
+    return torch.searchsorted(starts[1:], rows, right=True).clamp(max=starts.numel() - 2)
+
+
 class NoProgressError(RuntimeError):
     """A request committed no token for more decode steps than a correct step allows."""
 
@@ -57,7 +63,7 @@ class WeDLMModelState(DefaultModelState):
     max_new      [M] int32     tokens the request may still commit
     stop_ids     [M, K] int64  eos and stop_token_ids, -1 padded
     temperature, top_k, top_p, threshold, penalty, seed: [M], select_tokens' per-sequence
-    blockwise    [M] bool      block-wise mode; block_window [M] int32 its block size
+    block_window [M] int32     a block-wise request's block size (0: streaming)
     stalled      [M] int32     decode steps since the request last committed a token
     ============ ============= ====================================================
     """
@@ -90,8 +96,7 @@ class WeDLMModelState(DefaultModelState):
         self.threshold = buffer((slots,), torch.float32)
         self.penalty = buffer((slots,), torch.float32)
         self.seed = buffer((slots,), torch.int64)
-        self.blockwise = buffer((slots,), torch.bool, False)
-        self.block_window = buffer((slots,), torch.int32, self.window)
+        self.block_window = buffer((slots,), torch.int32)
         self.stalled = buffer((slots,), torch.int32)
         # Per request, as model_min counts them: decode forwards it was live in, and the
         # live window rows it fed (across preemptions); kept (on the device) for a while
@@ -118,7 +123,7 @@ class WeDLMModelState(DefaultModelState):
         # Host-side facts about each slot, written when a request arrives.
         self._slot_of: dict[str, int] = {}
         self._request_of = [""] * slots
-        self._blockwise_window = np.zeros(slots, dtype=np.int32)  # 0: streaming
+        self._block_window = np.zeros(slots, dtype=np.int32)  # block_window's host copy
         self._step: dict[str, Any] | None = None  # what prepare_inputs leaves the sampler
 
     # ------------------------------------------------------------------ requests
@@ -147,7 +152,7 @@ class WeDLMModelState(DefaultModelState):
             self._restarts.setdefault(new_req_data.req_id, []).append(generated)
         self._slot_of[new_req_data.req_id] = slot
         self._request_of[slot] = new_req_data.req_id
-        self._blockwise_window[slot] = settings.window if settings.mode == "blockwise" else 0
+        self._block_window[slot] = settings.window if settings.mode == "blockwise" else 0
 
         # The window restarts from the committed tokens: all masks, min(w, max_new) live.
         self.win_tokens[slot].fill_(self.mask_token_id)
@@ -165,8 +170,7 @@ class WeDLMModelState(DefaultModelState):
         self.threshold[slot].fill_(settings.threshold_value)
         self.penalty[slot].fill_(settings.distance_penalty)
         self.seed[slot].fill_((int(seed) + 2**63) % 2**64 - 2**63)  # its 64 bits as int64
-        self.blockwise[slot].fill_(settings.mode == "blockwise")
-        self.block_window[slot].fill_(settings.window)
+        self.block_window[slot].fill_(int(self._block_window[slot]))
         self.stalled[slot].fill_(0)
         self._stalled_view[slot] = 0
         # a resumed request goes on counting from where its preemption left it
@@ -243,7 +247,7 @@ class WeDLMModelState(DefaultModelState):
 
         # vLLM row t of request i: canvas row j = t - canvas_start[i] when 0 <= j < C.
         row = torch.arange(num_tokens, device=slots.device)
-        owner = torch.searchsorted(query_start[1:], row, right=True).clamp(max=num_reqs - 1)
+        owner = _owners(query_start, row)
         j = row - canvas_start[owner]
         on_canvas = (j >= 0) & (j < canvas_rows[owner])
         source = (packed_start[owner] + j).clamp(0, num_tokens - 1)
@@ -256,8 +260,7 @@ class WeDLMModelState(DefaultModelState):
         # (n_filled .. live_len - 1) predict their logical positions, the rest are padding.
         total_logits = int(input_batch.cu_num_logits_np[num_reqs])
         logit_row = torch.arange(total_logits, device=slots.device)
-        logit_owner = torch.searchsorted(cu_logits[1:].long(), logit_row, right=True).clamp(
-            max=num_reqs - 1)
+        logit_owner = _owners(cu_logits.long(), logit_row)
         k = logit_row - cu_logits[logit_owner].long()
         is_mask_row = (k >= n_filled[logit_owner]) & (k < live_len[logit_owner])
         row_pos = torch.where(
@@ -363,15 +366,15 @@ class WeDLMSampler:
         out_tokens = torch.zeros((num_reqs, 2 * width + 1), dtype=torch.int64,
                                  device=logits.device)
         out_len = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
-        blockwise = take(state.blockwise)
-        new_len = torch.where(blockwise, 0, live_len).to(torch.int32)
+        block_window = take(state.block_window)
+        new_len = torch.where(block_window > 0, 0, live_len).to(torch.int32)
         wk.commit_window(win_tokens, win_mask, new_len, ctx_len, cu_rows, step["row_pos"],
                          token, selected, out_tokens, out_len, finished, stop_ids, max_new,
                          state.window, state.mask_token_id, False)
         # Block-wise requests, one call per block size in the batch (host-side facts).
-        windows = state._blockwise_window[step["slots_np"]]
+        windows = state._block_window[step["slots_np"]]
         for window in np.unique(windows[windows > 0]).tolist():
-            group = blockwise & (take(state.block_window) == window)
+            group = block_window == window
             group_len = torch.where(group, live_len, 0).to(torch.int32)
             wk.commit_window(win_tokens, win_mask, group_len, ctx_len, cu_rows,
                              step["row_pos"], token, selected, out_tokens, out_len, finished,

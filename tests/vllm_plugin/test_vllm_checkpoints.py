@@ -10,7 +10,7 @@ from vllm import SamplingParams
 import model_min
 
 from .conftest import TINY, WINDOW, write_checkpoint
-from .test_vllm_decoding import PROMPTS, vllm_generate
+from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,10 @@ def qwen2_flavour_checkpoint(tmp_path_factory):
 
 
 def reference(path, prompts, max_new_tokens, mode="streaming", **params):
-    generator = model_min.Generator(model_min.load_model(path), window=WINDOW, max_batch=4)
-    results = generator.generate(prompts, model_min.SamplingParams(
-        max_new_tokens=max_new_tokens, **params), mode=mode)
-    return [(r.token_ids, r.forwards, r.rows) for r in results]
+    """model_min on the checkpoint at ``path``."""
+    return reference_generate((model_min.load_model(path), None), prompts,
+                              model_min.SamplingParams(max_new_tokens=max_new_tokens, **params),
+                              mode=mode)
 
 
 def test_the_qwen2_flavour_and_engine_wide_settings_equal_model_min(engines,

@@ -72,12 +72,13 @@ def client(server):
     return OpenAI(base_url=server, api_key="unused", timeout=60, max_retries=0)
 
 
-def reference_text(prompt: str, max_new_tokens: int, stop: tuple[int, ...] = ()) -> str:
+def reference_text(prompt: str, max_new_tokens: int, stop: tuple[int, ...] = (),
+                   window: int = WINDOW, mode: str = "streaming") -> str:
     tokenizer = model_min.load_tokenizer(TINY)
-    generator = model_min.Generator(model_min.load_model(TINY), window=WINDOW,
+    generator = model_min.Generator(model_min.load_model(TINY), window=window,
                                     tokenizer=tokenizer)
     return generator.generate(prompt, model_min.SamplingParams(
-        max_new_tokens=max_new_tokens, stop_token_ids=stop))[0].text
+        max_new_tokens=max_new_tokens, stop_token_ids=stop), mode=mode)[0].text
 
 
 EOS = (256,)
@@ -117,11 +118,7 @@ def test_wedlm_settings_per_request_through_vllm_xargs(client):
         model="tiny-wedlm", prompt=prompt, max_tokens=20, temperature=0,
         extra_body={"vllm_xargs": {"wedlm_mode": "blockwise", "wedlm_window": 4},
                     "ignore_eos": True})
-    tokenizer = model_min.load_tokenizer(TINY)
-    generator = model_min.Generator(model_min.load_model(TINY), window=4, tokenizer=tokenizer)
-    want = generator.generate(prompt, model_min.SamplingParams(max_new_tokens=20),
-                              mode="blockwise")[0].text
-    assert response.choices[0].text == want
+    assert response.choices[0].text == reference_text(prompt, 20, window=4, mode="blockwise")
 
 
 def test_an_unsupported_parameter_is_a_400_naming_it(client):

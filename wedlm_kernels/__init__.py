@@ -12,6 +12,8 @@ Public ops (exact semantics in docs/contracts.md):
 - :func:`silu_mul`: ``silu(gate) * up`` read from a fused gate/up projection (the MLP).
 
 Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
+:mod:`wedlm_kernels.request_params` defines a decoding request's parameters once (types,
+bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin).
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """
 
@@ -27,7 +29,7 @@ from .ops.rope import rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "BACKEND",

@@ -1,0 +1,245 @@
+"""The parameters of one decoding request, defined once: types, bounds and meanings.
+
+``model_min.SamplingParams`` and the vLLM plugin's request check
+(:mod:`wedlm_kernels.integrations.vllm.settings`) both check a request with the functions
+here, so the two front ends accept and refuse the same values and store the same thing.
+Each function takes the value and the name the caller knows it by (for the error) and
+returns the value as it is stored in the device buffer that holds it
+(``docs/contracts.md``, "Request parameters", has the table)::
+
+    field              stored as  accepted                         mapped before it is stored
+    window             int32      integer 1 .. min(engine's, 4096)
+    mode               -          "streaming" or "blockwise"
+    entropy_threshold  float32    number or None, not NaN          None or <= 0: -inf (one
+                                                                   token per step); above the
+                                                                   float32 range: +inf (every
+                                                                   mask)
+    distance_penalty   float32    number 0 .. 3.4028235e38
+    temperature        float32    number 0 .. 2                    (0, 0.01): 0.01
+    top_k              int32      integer >= -1                    -1 and 0: 0 (off); above
+                                                                   2**31 - 1: 0 (off)
+    top_p              float32    number in (0, 1]
+    seed               int64      None or integer in int64         -1: None (a drawn seed)
+    max_tokens         int32      integer 1 .. 2**31 - 1, or None  None: as many as the context
+                                                                   has room for
+    stop_token_ids     int64      ids in [0, vocabulary), at most  None: no stop ids
+                                  24 distinct ones besides the
+                                  checkpoint's eos ids
+
+A boolean is never a number here (``True`` is not the integer 1). A greedy request
+(temperature 0) ignores ``top_k`` and ``top_p`` once they pass their range checks (-1 or
+more; (0, 1]), as vLLM does: they are stored as off. The module imports nothing but the
+standard library, so every front end (and its tests) can use it.
+"""
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
+MODES = ("streaming", "blockwise")
+# The largest window any front end takes: a window's state is 2W slots per request and a
+# step feeds up to 2W rows per request; WeDLM decodes with windows of 4 to 32.
+MAX_WINDOW = 4096
+MAX_TEMPERATURE = 2.0
+# A positive temperature below this is raised to it (vLLM's rule: logits / T in float32
+# stays finite); temperature 0 is greedy.
+MIN_SAMPLING_TEMPERATURE = 0.01
+# Distinct stop_token_ids a request may ask for besides the checkpoint's eos ids.
+MAX_STOP_TOKEN_IDS = 24
+
+# What each field is stored as, and its rule in words; docs/contracts.md repeats every rule
+# (tests/test_request_params.py checks that it does).
+FIELDS = {
+    "window": ("int32", "an integer from 1 to the engine's window (at most 4096)"),
+    "mode": (None, 'one of "streaming" and "blockwise"'),
+    "entropy_threshold": ("float32", "a number, not NaN, or None; None and any value <= 0 "
+                          "mean one token per step (stored as -inf), a value above "
+                          "3.4028235e38 means every mask (stored as +inf)"),
+    "distance_penalty": ("float32", "a number from 0 to 3.4028235e38 (-0.0 is 0)"),
+    "temperature": ("float32", "a number from 0 to 2; 0 is greedy, a value in (0, 0.01) "
+                    "is raised to 0.01"),
+    "top_k": ("int32", "an integer >= -1; -1, 0 and any value above 2**31 - 1 mean off "
+              "(stored as 0)"),
+    "top_p": ("float32", "a number in (0, 1]"),
+    "seed": ("int64", "None or an integer from -2**63 to 2**63 - 1; -1 means None (a "
+             "seed drawn for the request)"),
+    "max_tokens": ("int32", "an integer from 1 to 2**31 - 1, or None (as many tokens as "
+                   "the context has room for)"),
+    "stop_token_ids": ("int64", "None or a list of token ids, each in [0, vocabulary), at "
+                       "most 24 distinct ones besides the checkpoint's eos ids"),
+}
+
+
+class ParameterError(ValueError):
+    """A request parameter that cannot be served; ``parameter`` names it as the caller
+    gave it (``SamplingParams.top_k``, ``extra_args['wedlm_window']``, ...)."""
+
+    def __init__(self, message: str, parameter: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class ParameterTypeError(ParameterError, TypeError):
+    """A request parameter of the wrong type (also a ``TypeError``)."""
+
+
+def is_integer(value: Any) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _integer(value: Any, name: str, what: str) -> int:
+    if not is_integer(value):
+        raise ParameterTypeError(f"{name} must be {what}, got {value!r:.80}", name)
+    return int(value)
+
+
+def _number(value: Any, name: str, what: str) -> float:
+    if not is_number(value):
+        raise ParameterTypeError(f"{name} must be {what}, got {value!r:.80}", name)
+    return float(value)
+
+
+def _fail(name: str, what: str, value: Any) -> None:
+    raise ParameterError(f"{name} must be {what}, got {value!r:.80}", name)
+
+
+def window(value: Any, name: str, most: int | None = None) -> int:
+    """The decode window ``W``: an integer 1 .. ``most`` (the engine's window) and 4096."""
+    most = MAX_WINDOW if most is None else min(most, MAX_WINDOW)
+    what = f"an integer from 1 to {most}" + (" (the engine's window)" if most < MAX_WINDOW
+                                             else "")
+    result = _integer(value, name, what)
+    if not 1 <= result <= most:
+        _fail(name, what, value)
+    return result
+
+
+def mode(value: Any, name: str) -> str:
+    """``"streaming"`` or ``"blockwise"``."""
+    if not isinstance(value, str) or value not in MODES:
+        _fail(name, f"one of {MODES}", value)
+    return value
+
+
+def entropy_threshold(value: Any, name: str) -> float:
+    """The threshold as stored: -inf for None and any value <= 0 (no entropy is below
+    it, so one token per step), +inf above the float32 range (every mask), else the value."""
+    if value is None:
+        return -math.inf
+    what = "a number of nats (<= 0 or None: one token per step)"
+    result = _number(value, name, what)
+    if math.isnan(result):
+        _fail(name, what + ", not NaN", value)
+    if result <= 0:
+        return -math.inf
+    return math.inf if result > FLOAT32_MAX else result
+
+
+def distance_penalty(value: Any, name: str) -> float:
+    """The penalty per slot of distance from the leftmost mask: 0 .. the float32 maximum
+    (a negative penalty would favour the masks furthest from the committed text)."""
+    what = f"a number from 0 to {FLOAT32_MAX:.8g}"
+    result = _number(value, name, what)
+    if not 0 <= result <= FLOAT32_MAX:
+        _fail(name, what, value)
+    return result + 0.0  # -0.0 is 0
+
+
+def sampling(temperature: Any, top_k: Any, top_p: Any, names: tuple[str, str, str]
+             ) -> tuple[float, int, float]:
+    """``(temperature, top_k, top_p)`` as stored, checked in vLLM's order: the range checks
+    first (a bool passes them as an int, as in vLLM), then a greedy request's top_k and top_p
+    are set to off, then the types and the buffers' bounds. ``names`` name the three."""
+    temperature_name, top_k_name, top_p_name = names
+    if isinstance(temperature, numbers.Real) and 0 < temperature < MIN_SAMPLING_TEMPERATURE:
+        temperature = MIN_SAMPLING_TEMPERATURE
+    what = f"a number from 0 to {MAX_TEMPERATURE:g} (0: greedy)"
+    top_p_what = "a number in (0, 1]"
+    top_k_what = "an integer >= -1 (-1 or 0: off)"
+    for value, name, kind, description in ((temperature, temperature_name, numbers.Real, what),
+                                           (top_p, top_p_name, numbers.Real, top_p_what),
+                                           (top_k, top_k_name, numbers.Integral, top_k_what)):
+        if not isinstance(value, kind):
+            raise ParameterTypeError(f"{name} must be {description}, got {value!r:.80}", name)
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        _fail(temperature_name, what, temperature)
+    if not 0 < top_p <= 1:
+        _fail(top_p_name, top_p_what, top_p)
+    if top_k < -1:
+        _fail(top_k_name, top_k_what, top_k)
+    if temperature == 0:
+        top_k, top_p = 0, 1.0
+    temperature = _number(temperature, temperature_name, what) + 0.0
+    top_p = _number(top_p, top_p_name, top_p_what)
+    top_k = _integer(top_k, top_k_name, top_k_what)
+    return temperature, (top_k if 0 < top_k <= INT32_MAX else 0), top_p
+
+
+def seed(value: Any, name: str) -> int | None:
+    """None (the front end draws one) or an int64; -1 means None, as in vLLM."""
+    if value is None or (isinstance(value, numbers.Real) and value == -1):
+        return None
+    what = "None or an integer from -2**63 to 2**63 - 1"
+    result = _integer(value, name, what)
+    if not INT64_MIN <= result <= INT64_MAX:
+        _fail(name, what, value)
+    return result
+
+
+def max_tokens(value: Any, name: str, most: int = INT32_MAX) -> int | None:
+    """The most tokens a request generates: 1 .. 2**31 - 1 (or the ``most`` an engine's
+    context allows), or None (as many as the context has room for)."""
+    if value is None:
+        return None
+    what = f"an integer from 1 to {'2**31 - 1' if most == INT32_MAX else most} or None"
+    result = _integer(value, name, what)
+    if not 1 <= result <= min(most, INT32_MAX):
+        _fail(name, what, value)
+    return result
+
+
+def stop_token_ids(values: Any, name: str, vocab_size: int | None = None,
+                   eos_ids: Iterable[int] | None = None) -> tuple[int, ...]:
+    """Token ids, each in ``[0, vocab_size)`` (``[0, 2**63)`` while the vocabulary is not
+    known), at most 24 distinct ones besides the checkpoint's ``eos_ids`` (counted once
+    those are known); None is none. Repeats are dropped first, as vLLM does."""
+    if values is None:
+        return ()
+    # (vLLM's rule: any iterable, repeats dropped, then each must be an integer; so "" is
+    # no stop ids, and "17" is refused for its characters)
+    if not isinstance(values, Iterable):
+        raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
+                                 name)
+    try:
+        distinct = list(dict.fromkeys(values))
+    except TypeError:  # an unhashable element: not a token id
+        raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
+                                 name) from None
+    bad = [t for t in distinct if not is_integer(t)]
+    if bad:
+        raise ParameterTypeError(f"{name} must be a list of integer token ids, got "
+                                 f"{bad[0]!r:.80} in it", name)
+    end = INT64_MAX + 1 if vocab_size is None else vocab_size
+    outside = [int(t) for t in distinct if not 0 <= t < end]
+    if outside:
+        bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
+        raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
+    if eos_ids is not None:
+        eos = set(eos_ids)
+        counted = [t for t in distinct if t not in eos]
+        if len(counted) > MAX_STOP_TOKEN_IDS:
+            raise ParameterError(f"{name} may hold at most {MAX_STOP_TOKEN_IDS} distinct token "
+                                 f"ids besides the checkpoint's eos ids, got {len(counted)}",
+                                 name)
+    return tuple(int(t) for t in distinct)

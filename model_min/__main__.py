@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     gen.add_argument("--top-k", type=_count(0), default=0, help="0: off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1: off")
-    gen.add_argument("--max-new-tokens", type=_count(0), default=128,
+    gen.add_argument("--max-new-tokens", type=_count(1), default=128,
                      help="tokens to generate per prompt at most")
     gen.add_argument("--seed", type=int, default=None,
                      help="sampling seed (default: a fresh one per request, printed)")

@@ -25,15 +25,16 @@ from typing import Union
 import torch
 
 import wedlm_kernels as wk
+from wedlm_kernels import request_params as rp
 
 from .cache import slot_mapping_for
-from .config import is_integer, is_real
+from .config import is_integer
 from .graphs import StepGraphs, bucket_size
 from .model import Model
 from .state import BatchState, concat
 from .tokenizer import Tokenizer
 
-MODES = ("streaming", "blockwise", "ar")
+MODES = (*rp.MODES, "ar")  # the window modes of wedlm_kernels.request_params, and AR
 
 # window="auto": a forward costs about one read of the weights until its matmuls take longer
 # than that read, and grows with its rows from there. For a bf16 model (2 bytes and 2 FLOPs
@@ -62,41 +63,37 @@ Prompt = Union[str, Sequence[int]]
 
 @dataclass
 class SamplingParams:
-    """Per-request decoding parameters (docs/algorithm.md section 4)."""
+    """Per-request decoding parameters (docs/algorithm.md section 4).
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # <= 0: greedy
-    top_k: int = 0  # 0: off
+    Checked, and mapped where a value has a documented meaning, by
+    :mod:`wedlm_kernels.request_params`, the one definition the vLLM plugin checks its
+    requests with too (docs/contracts.md, "Request parameters"): a bad value raises
+    ``ParameterError`` (a ``ValueError``; ``ParameterTypeError``, also a ``TypeError``, for
+    a wrong type) naming the field, and the fields hold the values as stored afterwards
+    (``threshold=None`` reads back as ``-inf``).
+    """
+
+    max_new_tokens: int | None = 256  # None: up to max_position_embeddings
+    temperature: float = 0.0  # 0: greedy (at most 2; (0, 0.01) is raised to 0.01)
+    top_k: int = 0  # -1 or 0: off
     top_p: float = 1.0  # 1: off
-    threshold: float | None = 0.4  # None: one token per step
-    penalty: float = 0.02
-    seed: int | None = None  # None: drawn from the Generator's random generator
-    stop_token_ids: tuple[int, ...] = ()
+    threshold: float | None = 0.4  # None or <= 0: one token per step
+    penalty: float = 0.02  # >= 0
+    seed: int | None = None  # None or -1: drawn from the Generator's random generator
+    stop_token_ids: tuple[int, ...] = ()  # at most 24 besides the checkpoint's eos ids
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "top_k"):
-            if not is_integer(getattr(self, name)):
-                raise TypeError(f"SamplingParams.{name} must be an int, got "
-                                f"{getattr(self, name)!r}")
-            setattr(self, name, int(getattr(self, name)))
-        for name in ("temperature", "top_p", "penalty"):
-            value = getattr(self, name)
-            if not is_real(value) or not math.isfinite(value):
-                raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
-        if self.threshold is not None and (not is_real(self.threshold)
-                                           or math.isnan(self.threshold)):
-            raise ValueError("SamplingParams.threshold must be a number, not NaN (None: one "
-                             f"token per step), got {self.threshold!r}")
-        if self.seed is not None and not is_integer(self.seed):
-            raise TypeError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
-        stop = self.stop_token_ids
-        if isinstance(stop, (str, bytes)) or not isinstance(stop, Sequence):
-            raise TypeError("SamplingParams.stop_token_ids must be a sequence of token ids, "
-                            f"got {stop!r}")
-        if not all(is_integer(t) and 0 <= t < 2**63 for t in stop):
-            raise ValueError("SamplingParams.stop_token_ids must be token ids (ints >= 0), got "
-                             f"{tuple(stop)!r}")
-        self.stop_token_ids = tuple(int(t) for t in stop)
+        def name(field: str) -> str:
+            return f"SamplingParams.{field}"
+
+        self.max_new_tokens = rp.max_tokens(self.max_new_tokens, name("max_new_tokens"))
+        self.temperature, self.top_k, self.top_p = rp.sampling(
+            self.temperature, self.top_k, self.top_p,
+            (name("temperature"), name("top_k"), name("top_p")))
+        self.threshold = rp.entropy_threshold(self.threshold, name("threshold"))
+        self.penalty = rp.distance_penalty(self.penalty, name("penalty"))
+        self.seed = rp.seed(self.seed, name("seed"))
+        self.stop_token_ids = rp.stop_token_ids(self.stop_token_ids, name("stop_token_ids"))
 
 
 def parse_threshold(text: str) -> float | None:
@@ -123,11 +120,8 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     seed: int
+    max_new: int  # params.max_new_tokens, or the positions the prompt leaves for None
     pages: list[int] = field(default_factory=list)
-
-    @property
-    def max_new(self) -> int:
-        return max(self.params.max_new_tokens, 0)
 
 
 def row_bucket(live_rows: int, most: int) -> int:
@@ -211,14 +205,17 @@ class Generator:
         poll_every: int = 4,
         cuda_graph: bool = False,
     ) -> None:
-        self.auto_window = window == "auto"
+        self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
             window = AUTO_WINDOWS[0]  # until a generate call picks one
-        for name, value in (("window", window), ("page_size", page_size),
-                            ("max_batch", max_batch), ("poll_every", poll_every)):
+        try:
+            window = rp.window(window, "window")
+        except rp.ParameterError as error:
+            raise type(error)(f'{error} (or "auto")', error.parameter) from None
+        for name, value in (("page_size", page_size), ("max_batch", max_batch),
+                            ("poll_every", poll_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                kind = 'a positive int or "auto"' if name == "window" else "a positive int"
-                raise ValueError(f"{name} must be {kind}, got {value!r}")
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs a model on a CUDA device")
         if max_cache_tokens is not None and (not is_integer(max_cache_tokens)
@@ -268,7 +265,7 @@ class Generator:
         ``on_tokens(request_index, new_token_ids)`` is called as tokens are committed
         (at the host's polls, so in bursts of up to ``poll_every`` steps).
         """
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode != "ar" and self.mask_token_id is None:
             raise ValueError(
@@ -291,13 +288,7 @@ class Generator:
             if self.graphs is not None:
                 self.graphs.clear()
         results: list[Result | None] = [None] * len(requests)
-        pending = deque()
-        for request in requests:
-            if request.max_new == 0:
-                results[request.index] = self._result(request, [], 0, 0)
-            else:
-                pending.append(request)
-        self._decode(pending, results, on_tokens)
+        self._decode(deque(requests), results, on_tokens)
         return results  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- request handling
@@ -353,23 +344,28 @@ class Generator:
         checked = []
         for index, (prompt, p) in enumerate(zip(prompts, params)):
             ids = self._prompt_ids(index, prompt)
-            outside = [t for t in p.stop_token_ids if t >= vocab]
-            if outside:
-                raise ValueError(f"prompt {index}: stop_token_ids {outside[:5]} are outside the "
-                                 f"vocabulary [0, {vocab})")
+            rp.stop_token_ids(p.stop_token_ids, f"prompt {index}: stop_token_ids", vocab,
+                              self.model.config.eos_token_ids)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
-            if mode == "ar" and not ids and p.max_new_tokens > 0:
+            if mode == "ar" and not ids:
                 raise ValueError(f"prompt {index}: AR decoding needs a non-empty prompt")
             max_positions = self.model.config.max_position_embeddings
-            if len(ids) + max(p.max_new_tokens, 0) > max_positions:
+            max_new = p.max_new_tokens
+            if max_new is None and len(ids) >= max_positions:
+                raise ValueError(
+                    f"prompt {index}: {len(ids)} prompt tokens leave no room for new tokens in "
+                    f"the model's max_position_embeddings ({max_positions})")
+            if max_new is None:
+                max_new = max_positions - len(ids)
+            if len(ids) + max_new > max_positions:
                 raise ValueError(
                     f"prompt {index}: {len(ids)} prompt tokens + max_new_tokens "
-                    f"{p.max_new_tokens} exceed the model's max_position_embeddings "
+                    f"{max_new} exceed the model's max_position_embeddings "
                     f"({max_positions}); positions past it were never trained"
                 )
-            request = _Request(index, ids, p, 0)
+            request = _Request(index, ids, p, 0, max_new)
             self.cache.check_fits(self._positions(request), f"prompt {index}")
             checked.append(request)
         for request in checked:
@@ -542,9 +538,7 @@ class Generator:
             temperature=tensor([float(r.params.temperature) for r in requests], torch.float32),
             top_k=tensor([r.params.top_k for r in requests], torch.int32),
             top_p=tensor([float(r.params.top_p) for r in requests], torch.float32),
-            threshold=tensor(
-                [-math.inf if r.params.threshold is None else float(r.params.threshold)
-                 for r in requests], torch.float32),
+            threshold=tensor([r.params.threshold for r in requests], torch.float32),
             penalty=tensor([float(r.params.penalty) for r in requests], torch.float32),
             seed=tensor([r.seed for r in requests], torch.int64),
             forwards=torch.zeros(count, dtype=torch.int64, device=device),

@@ -246,4 +246,4 @@ def test_cli_errors_in_the_checkpoint_exit_1_with_the_file_and_key(capsys, tmp_p
 
 def test_cli_stop_id_outside_the_vocabulary_exits_1(capsys):
     status, _, err = _run(capsys, "generate", "--prompt-ids", "4,5", "--stop-ids", "9999")
-    assert status == 1 and "stop_token_ids [9999] are outside the vocabulary" in err
+    assert status == 1 and "stop_token_ids has token ids outside the vocabulary [0, 264): [9999]" in err

@@ -84,7 +84,7 @@ def test_load_model_rejects_a_dtype_the_decoder_cannot_compute_in(dtype):
     (dict(stop_token_ids=(1.0,)), ValueError, "stop_token_ids"),
     (dict(max_new_tokens=False), TypeError, "max_new_tokens"),
     (dict(max_new_tokens=8.0), TypeError, "max_new_tokens"),
-    (dict(top_k=True), TypeError, "top_k"),
+    (dict(top_k=True, temperature=0.5), TypeError, "top_k"),
     (dict(temperature="0.5"), ValueError, "temperature"),
     (dict(top_p=float("inf")), ValueError, "top_p"),
     (dict(threshold=float("nan")), ValueError, "threshold"),
@@ -104,7 +104,8 @@ def test_generator_rejects_a_cache_without_room(tiny, value):
 def test_stop_ids_outside_the_vocabulary_are_rejected(tiny):
     generator = Generator(tiny, window=4, max_batch=1)
     vocab = tiny.config.vocab_size
-    with pytest.raises(ValueError, match=rf"stop_token_ids \[{vocab + 3}\] are outside"):
+    with pytest.raises(ValueError, match=rf"stop_token_ids has token ids outside the vocabulary "
+                                         rf"\[0, {vocab}\): \[{vocab + 3}\]"):
         generator.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4,
                                                        stop_token_ids=(2, vocab + 3)))
 

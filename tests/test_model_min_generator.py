@@ -109,15 +109,25 @@ def test_stop_tokens_end_requests_like_the_reference(tiny, mode):
     assert all(len(r.token_ids) <= 4 for r in results)
 
 
-def test_zero_max_new_and_empty_prompt(tiny):
+def test_an_empty_prompt_decodes_beside_a_real_one(tiny):
     hf, model = tiny
     generator = Generator(model, window=4, page_size=4)
-    params = [SamplingParams(max_new_tokens=0), SamplingParams(max_new_tokens=6, threshold=3.0),
+    params = [SamplingParams(max_new_tokens=6, threshold=3.0),
               SamplingParams(max_new_tokens=7, threshold=3.0)]
-    prompts = [[5, 6], [], [8, 9, 10]]  # the empty prompt is prefilled next to a real one
-    empty, from_nothing, other = generator.generate(prompts, params)
-    assert (empty.token_ids, empty.finish_reason, empty.forwards) == ([], "length", 0)
-    assert_matches_reference(hf, prompts[1:], params[1:], [from_nothing, other], "streaming", 4)
+    prompts = [[], [8, 9, 10]]  # the empty prompt is prefilled next to a real one
+    results = generator.generate(prompts, params)
+    assert_matches_reference(hf, prompts, params, results, "streaming", 4)
+
+
+def test_max_new_tokens_none_decodes_up_to_the_models_positions(tiny):
+    _, model = tiny
+    positions = model.config.max_position_embeddings
+    generator = Generator(model, window=16, page_size=16, max_batch=1)
+    prompt = [5] * (positions - 9)
+    [result] = generator.generate([prompt], SamplingParams(max_new_tokens=None, threshold=9.0))
+    assert len(result.token_ids) == 9 and result.finish_reason == "length"
+    with pytest.raises(ValueError, match="leave no room for new tokens"):
+        generator.generate([[5] * positions], SamplingParams(max_new_tokens=None))
 
 
 def test_pages_are_given_back_when_decoding_fails(tiny, monkeypatch):
@@ -525,8 +535,9 @@ def test_window_auto_decodes_each_call_with_the_window_of_its_batch(tiny):
     assert single.window == 16
 
 
-@pytest.mark.parametrize("window", ["big", 0, -2, 1.5, True, None])
+@pytest.mark.parametrize("window", ["big", 0, -2, 1.5, True, None, 4097])
 def test_window_must_be_a_positive_int_or_auto(tiny, window):
     _, model = tiny
-    with pytest.raises(ValueError, match='window must be a positive int or "auto"'):
+    with pytest.raises(ValueError, match='window must be an integer from 1 to 4096, got .* '
+                                         r'\(or "auto"\)'):
         Generator(model, window=window)

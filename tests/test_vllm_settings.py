@@ -13,18 +13,22 @@ from types import SimpleNamespace
 import pytest
 
 from wedlm_kernels.integrations.vllm.settings import (
-    MAX_REQUEST_STOP_IDS,
-    MAX_STOP_IDS,
     SettingsError,
     WeDLMSettings,
+    check_request,
+    checkpoint_eos_ids,
     engine_settings,
     request_settings,
+    request_values,
     stop_ids_of,
     unsupported_parameters,
 )
+from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
+# the package's public submodules besides its top level
+PUBLIC_MODULES = ("wedlm_kernels.request_params",)
 
 
 def test_engine_defaults_are_the_reference_engines():
@@ -39,9 +43,9 @@ def test_engine_settings_come_from_additional_config():
     settings = engine_settings({"wedlm": {"window": 4, "entropy_threshold": None,
                                           "distance_penalty": 0, "mode": "blockwise"},
                                 "other_plugin": {"x": 1}})
-    assert (settings.window, settings.entropy_threshold, settings.mode) == (4, None,
+    assert (settings.window, settings.entropy_threshold, settings.mode) == (4, -math.inf,
                                                                            "blockwise")
-    assert settings.threshold_value == -math.inf and settings.canvas_length == 8
+    assert settings.canvas_length == 8
     assert isinstance(settings.distance_penalty, float)
 
 
@@ -51,6 +55,7 @@ def test_engine_settings_come_from_additional_config():
                                        '["entropy_threshold"]'),
     ({"entropy_threshold": "0.4"}, '["entropy_threshold"]'),
     ({"distance_penalty": float("inf")}, '["distance_penalty"]'),
+    ({"distance_penalty": -0.1}, '["distance_penalty"]'), ({"window": 4097}, '["window"]'),
     ({"mode": "ar"}, '["mode"]'), ({"windw": 8}, "unknown keys ['windw']"),
 ])
 def test_bad_engine_settings_are_named(section, named):
@@ -70,7 +75,9 @@ def test_request_settings_override_the_engines_within_its_window():
                                          "wedlm_entropy_threshold": 1,
                                          "wedlm_distance_penalty": 0.5, "unrelated": 1})
     assert settings == WeDLMSettings(3, 1.0, 0.5, "blockwise")
-    for bad in (9, 0, -1, "4"):
+    assert request_settings(engine, {"wedlm_entropy_threshold": 0}).entropy_threshold == (
+        -math.inf)  # one token per step, the form HTTP can send
+    for bad in (9, 0, -1, "4", True, 2.0):
         with pytest.raises(SettingsError, match=r"extra_args\['wedlm_window'\]") as error:
             request_settings(engine, {"wedlm_window": bad})
         assert error.value.parameter == "extra_args['wedlm_window']"
@@ -83,6 +90,51 @@ def params(**fields):
                     structured_outputs=None, logits_processors=None, extra_args=None,
                     eos_token_id=None, stop_token_ids=[])
     return SimpleNamespace(**{**defaults, **fields})
+
+
+def sampling(**fields):
+    """A vLLM SamplingParams as the request check sees it (after vLLM's own __post_init__)."""
+    defaults = dict(temperature=1.0, top_k=0, top_p=1.0, seed=None, max_tokens=16,
+                    stop_token_ids=[], extra_args=None)
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+def test_request_values_are_what_the_device_stores():
+    engine = engine_settings({"wedlm": {"window": 8}})
+    values = request_values(engine, sampling(temperature=0.5, top_k=2**40, top_p=0.9, seed=-5,
+                                             extra_args={"wedlm_entropy_threshold": 1e300}))
+    assert (values.temperature, values.top_k, values.top_p, values.seed) == (0.5, 0, 0.9, -5)
+    assert values.settings.entropy_threshold == math.inf and values.max_tokens == 16
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(extra_args={"wedlm_distance_penalty": 1e300}), "extra_args['wedlm_distance_penalty']"),
+    (dict(extra_args={"wedlm_distance_penalty": -1.0}), "extra_args['wedlm_distance_penalty']"),
+    (dict(extra_args={"wedlm_window": True}), "extra_args['wedlm_window']"),
+    (dict(seed=2**63), "seed"), (dict(max_tokens=2**31), "max_tokens"),
+    (dict(temperature=True), "temperature"), (dict(stop_token_ids=[264]), "stop_token_ids"),
+    (dict(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS + 1))), "stop_token_ids"),
+])
+def test_the_request_check_names_a_value_the_device_cannot_hold(fields, name):
+    engine = engine_settings({"wedlm": {"window": 8}})
+    with pytest.raises(SettingsError) as error:
+        check_request(engine, sampling(**fields), vocab_size=264, max_model_len=256,
+                      eos_ids=(256,))
+    assert error.value.parameter == name
+
+
+def test_the_checkpoints_eos_ids_are_not_counted_among_the_stop_ids():
+    engine = engine_settings({})
+    ids = [256, *range(MAX_STOP_TOKEN_IDS)]
+    check_request(engine, sampling(stop_token_ids=ids), 264, 256, eos_ids=(256,))
+    with pytest.raises(SettingsError, match="at most 24"):
+        check_request(engine, sampling(stop_token_ids=ids), 264, 256, eos_ids=())
+    with pytest.raises(SettingsError, match="max_tokens"):
+        check_request(engine, sampling(max_tokens=2**31 - 256), 264, 256)
+    assert checkpoint_eos_ids(256, [7, 256]) == (256, 7)
+    assert checkpoint_eos_ids(None, None) == ()
+    with pytest.raises(ValueError, match="eos_token_id"):
+        checkpoint_eos_ids([2**63], None)
 
 
 def test_supported_parameters_pass_the_check():
@@ -103,7 +155,6 @@ def test_supported_parameters_pass_the_check():
     (dict(logits_processors=[object()]), "logits_processors"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
-    (dict(stop_token_ids=list(range(MAX_REQUEST_STOP_IDS + 1))), "stop_token_ids"),
 ])
 def test_each_unsupported_parameter_is_named(fields, name):
     assert [found for found, _ in unsupported_parameters(params(**fields))] == [name]
@@ -112,8 +163,6 @@ def test_each_unsupported_parameter_is_named(fields, name):
 def test_stop_ids_are_eos_then_stop_token_ids_without_repeats():
     assert stop_ids_of(params(eos_token_id=7, stop_token_ids=[3, 7, 9])) == [7, 3, 9]
     assert stop_ids_of(params(eos_token_id=None, stop_token_ids=[5])) == [5]
-    assert MAX_STOP_IDS - MAX_REQUEST_STOP_IDS >= 8  # room for a checkpoint's eos ids
-    assert unsupported_parameters(params(stop_token_ids=list(range(MAX_REQUEST_STOP_IDS)))) == []
 
 
 def _imports(path: Path) -> set[str]:
@@ -132,7 +181,7 @@ def test_the_integration_uses_only_the_public_api():
     for path in files:
         private = {name for name in _imports(path)
                    if name.startswith("wedlm_kernels.") and not name.startswith(
-                       "wedlm_kernels.integrations")}
+                       ("wedlm_kernels.integrations", *PUBLIC_MODULES))}
         assert not private, (path, private)
 
 

@@ -8,13 +8,16 @@ from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdate
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.config import _CONFIG_REGISTRY
 
+from wedlm_kernels.request_params import INT32_MAX
+
 from . import ARCHITECTURE
 from .config import WeDLMConfig
 from .settings import (
     SettingsError,
     WeDLMSettings,
+    check_request,
+    checkpoint_eos_ids,
     engine_settings,
-    request_settings,
     unsupported_parameters,
 )
 
@@ -47,8 +50,12 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         canvas = settings.canvas_length
         hf_config = vllm_config.model_config.hf_config
         hf_config.canvas_length = canvas
-        # The request check (in the frontend process) reads the engine's settings here.
+        # The request check (in the frontend process) reads the engine's settings and the
+        # checkpoint's eos ids (which its stop id count leaves out) here.
         hf_config.wedlm_settings = dataclasses.asdict(settings)
+        hf_config.wedlm_eos_ids = list(checkpoint_eos_ids(
+            getattr(hf_config, "eos_token_id", None),
+            vllm_config.model_config.try_get_generation_config().get("eos_token_id")))
         diffusion = vllm_config.diffusion_config
         if diffusion is None:
             vllm_config.diffusion_config = DiffusionConfig(canvas_length=canvas)
@@ -66,6 +73,11 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         if vllm_config.speculative_config is not None:
             raise ValueError(f"{ARCHITECTURE} does not take a speculative_config: WeDLM's "
                              "window uses vLLM's draft-token rows itself")
+        # ctx_len, max_new and win_len are int32 on the device
+        if vllm_config.model_config.max_model_len + canvas > INT32_MAX:
+            raise ValueError(f"{ARCHITECTURE}: max_model_len "
+                             f"({vllm_config.model_config.max_model_len}) plus the canvas "
+                             f"must stay below 2**31 (int32 lengths)")
         scheduler = vllm_config.scheduler_config
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "
@@ -84,7 +96,9 @@ def _validate_request(self: SamplingParams, model_config) -> None:
                                   parameter=name)
     engine = getattr(model_config.hf_config, "wedlm_settings", None) or {}
     try:
-        request_settings(WeDLMSettings(**engine), self.extra_args)
+        check_request(WeDLMSettings(**engine), self, model_config.get_vocab_size(),
+                      model_config.max_model_len,
+                      tuple(getattr(model_config.hf_config, "wedlm_eos_ids", ())))
     except SettingsError as error:
         raise VLLMValidationError(str(error), parameter=error.parameter) from None
 

@@ -4,45 +4,40 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
 '{"wedlm": {...}}'``), with the reference engine's defaults::
 
     window            16     W: live mask slots per request (the canvas is 2W rows)
-    entropy_threshold 0.4    nats; null: one token per step
+    entropy_threshold 0.4    nats; null or <= 0: one token per step
     distance_penalty  0.02   per slot of distance from the leftmost mask
     mode              "streaming" or "blockwise"
 
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
-``wedlm_distance_penalty``, ``wedlm_mode``. This module imports no vLLM.
+``wedlm_distance_penalty``, ``wedlm_mode``. Every value, these and vLLM's own sampling
+fields, is checked by :mod:`wedlm_kernels.request_params`, the definition model_min's
+``SamplingParams`` uses too. This module imports no vLLM.
 """
 
-import math
-import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-MODES = ("streaming", "blockwise")
-# Stop ids a request carries on the device (eos and stop_token_ids together), and the
-# stop_token_ids a request may ask for (vLLM adds the checkpoint's eos ids after the check).
-MAX_STOP_IDS = 32
-MAX_REQUEST_STOP_IDS = 24
+from wedlm_kernels import request_params as rp
+from wedlm_kernels.request_params import ParameterError
+
+MODES = rp.MODES
 REQUEST_KEYS = {
     "wedlm_window": "window",
     "wedlm_entropy_threshold": "entropy_threshold",
     "wedlm_distance_penalty": "distance_penalty",
     "wedlm_mode": "mode",
 }
-
-
-class SettingsError(ValueError):
-    """A WeDLM setting or request parameter that cannot be served; ``parameter`` names it."""
-
-    def __init__(self, message: str, parameter: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
+SettingsError = ParameterError  # a bad setting or request value; ``parameter`` names it
 
 
 @dataclass(frozen=True)
 class WeDLMSettings:
+    """A request's (or the engine's) WeDLM settings, as stored: ``entropy_threshold`` is the
+    threshold ``select_tokens`` takes (-inf: one token per step)."""
+
     window: int = 16
-    entropy_threshold: float | None = 0.4
+    entropy_threshold: float = 0.4
     distance_penalty: float = 0.02
     mode: str = "streaming"
 
@@ -51,43 +46,19 @@ class WeDLMSettings:
         """Query rows per request per decode step: the window slot capacity 2W."""
         return 2 * self.window
 
-    @property
-    def threshold_value(self) -> float:
-        """The threshold as ``select_tokens`` takes it (-inf: one token per step)."""
-        return -math.inf if self.entropy_threshold is None else float(self.entropy_threshold)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _checked(settings: WeDLMSettings, names: dict[str, str], most_window: int | None
+def _checked(values: dict[str, Any], names: dict[str, str], most_window: int | None
              ) -> WeDLMSettings:
-    """``settings`` if every field is valid; ``names`` maps a field to the name the user
-    gave it (for the error)."""
-    window = settings.window
-    if not _is_int(window) or window < 1 or (most_window is not None and window > most_window):
-        bound = f" and at most the engine's window {most_window}" if most_window else ""
-        raise SettingsError(f"{names['window']} must be an integer >= 1{bound}, got "
-                            f"{window!r}", names["window"])
-    threshold = settings.entropy_threshold
-    if threshold is not None and (not _is_number(threshold) or math.isnan(threshold)):
-        raise SettingsError(f"{names['entropy_threshold']} must be a number in nats or null "
-                            f"(one token per step), got {threshold!r}",
-                            names["entropy_threshold"])
-    penalty = settings.distance_penalty
-    if not _is_number(penalty) or not math.isfinite(penalty):
-        raise SettingsError(f"{names['distance_penalty']} must be a finite number, got "
-                            f"{penalty!r}", names["distance_penalty"])
-    if settings.mode not in MODES:
-        raise SettingsError(f"{names['mode']} must be one of {MODES}, got {settings.mode!r}",
-                            names["mode"])
-    return replace(settings, window=int(window), distance_penalty=float(penalty),
-                   entropy_threshold=None if threshold is None else float(threshold))
+    """The settings ``values`` (field -> value) as stored; ``names`` maps a field to the name
+    the user gave it (for the error)."""
+    return WeDLMSettings(
+        window=rp.window(values["window"], names["window"], most_window),
+        entropy_threshold=rp.entropy_threshold(values["entropy_threshold"],
+                                               names["entropy_threshold"]),
+        distance_penalty=rp.distance_penalty(values["distance_penalty"],
+                                             names["distance_penalty"]),
+        mode=rp.mode(values["mode"], names["mode"]),
+    )
 
 
 def engine_settings(additional_config: Any) -> WeDLMSettings:
@@ -97,21 +68,79 @@ def engine_settings(additional_config: Any) -> WeDLMSettings:
     if not isinstance(section, dict):
         raise SettingsError(f'additional_config["wedlm"] must be an object, got {section!r}',
                             "additional_config")
-    fields = {"window", "entropy_threshold", "distance_penalty", "mode"}
-    unknown = sorted(set(section) - fields)
+    defaults = WeDLMSettings().__dict__
+    unknown = sorted(set(section) - set(defaults))
     if unknown:
         raise SettingsError(f'additional_config["wedlm"] has unknown keys {unknown}; known: '
-                            f"{sorted(fields)}", "additional_config")
-    names = {name: f'additional_config["wedlm"]["{name}"]' for name in fields}
-    return _checked(WeDLMSettings(**section), names, None)
+                            f"{sorted(defaults)}", "additional_config")
+    names = {name: f'additional_config["wedlm"]["{name}"]' for name in defaults}
+    return _checked({**defaults, **section}, names, None)
 
 
 def request_settings(engine: WeDLMSettings, extra_args: dict | None) -> WeDLMSettings:
     """A request's settings: the engine's, overridden by its ``wedlm_*`` extra_args."""
     extra = extra_args or {}
-    overrides = {field: extra[key] for key, field in REQUEST_KEYS.items() if key in extra}
+    values = {**engine.__dict__, **{field: extra[key] for key, field in REQUEST_KEYS.items()
+                                    if key in extra}}
     names = {field: f"extra_args[{key!r}]" for key, field in REQUEST_KEYS.items()}
-    return _checked(replace(engine, **overrides), names, engine.window)
+    return _checked(values, names, engine.window)
+
+
+@dataclass(frozen=True)
+class RequestValues:
+    """What a request stores on the device, each value within its buffer's bounds
+    (:mod:`wedlm_kernels.request_params`); ``seed`` None: draw one, ``max_tokens`` None:
+    up to ``max_model_len``."""
+
+    settings: WeDLMSettings
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    max_tokens: int | None
+
+
+def request_values(engine: WeDLMSettings, params: Any) -> RequestValues:
+    """The stored values of a vLLM ``SamplingParams`` (duck-typed). Raises
+    :class:`ParameterError` naming the parameter; for a request :func:`check_request` has
+    passed, it cannot raise (the worker reads a request this way)."""
+    temperature, top_k, top_p = rp.sampling(params.temperature, params.top_k, params.top_p,
+                                            ("temperature", "top_k", "top_p"))
+    return RequestValues(
+        settings=request_settings(engine, params.extra_args),
+        temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=rp.seed(params.seed, "seed"),
+        max_tokens=rp.max_tokens(params.max_tokens, "max_tokens"),
+    )
+
+
+def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
+                  max_model_len: int | None = None, eos_ids: tuple[int, ...] = ()) -> None:
+    """The frontend's check of a request, before it is admitted: every value it carries
+    fits the buffer that holds it. Raises :class:`ParameterError` naming the parameter.
+
+    With ``max_model_len``, ``max_tokens`` is also bounded by ``2**31 - 1 - max_model_len``:
+    vLLM's Model Runner V2 stores ``prompt_len + max_tokens`` in an int32 buffer
+    (``RequestState.max_seq_len``), and a request past it stops the engine. ``eos_ids``:
+    the checkpoint's (:func:`checkpoint_eos_ids`), which the stop id count leaves out."""
+    request_values(engine, params)
+    if max_model_len is not None:
+        rp.max_tokens(params.max_tokens, "max_tokens", rp.INT32_MAX - max_model_len)
+    rp.stop_token_ids(params.stop_token_ids, "stop_token_ids", vocab_size, eos_ids)
+
+
+def checkpoint_eos_ids(hf_eos: Any, generation_eos: Any) -> tuple[int, ...]:
+    """The checkpoint's eos ids as model_min reads them: config.json's ``eos_token_id``
+    (one id, a list, or None), then generation_config.json's, without repeats."""
+    ids: list[int] = []
+    for source in (hf_eos, generation_eos):
+        for token in [] if source is None else [source] if isinstance(source, int) else source:
+            if not (isinstance(token, int) and 0 <= token <= rp.INT64_MAX):
+                raise ValueError(f"the checkpoint's eos_token_id must be token ids, got "
+                                 f"{source!r:.80}")
+            if token not in ids:
+                ids.append(token)
+    return tuple(ids)
 
 
 def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
@@ -147,9 +176,6 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "no structured outputs")
     check("logits_processors", bool(getattr(params, "logits_processors", None)),
           "no logits processors")
-    stop_token_ids = set(getattr(params, "stop_token_ids", None) or ())
-    check("stop_token_ids", len(stop_token_ids) > MAX_REQUEST_STOP_IDS,
-          f"at most {MAX_REQUEST_STOP_IDS} stop token ids, got {len(stop_token_ids)}")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

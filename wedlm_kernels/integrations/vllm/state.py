@@ -31,12 +31,25 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
+from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
 
-from .settings import MAX_STOP_IDS, engine_settings, request_settings, stop_ids_of
+from .settings import engine_settings, request_values, stop_ids_of
 
 logger = init_logger(__name__)
 
-_SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy
+# Where the values of every per-slot buffer come from: a request field of
+# wedlm_kernels.request_params, whose check in the frontend bounds the value to the buffer's
+# dtype (add_request stores the checked value), or the decode loop itself (values it
+# derives from committed tokens, lengths and the engine's settings).
+# tests/vllm_plugin/test_vllm_fuzz.py fails on a buffer missing here or out of its bound.
+BUFFER_SOURCES = {
+    "win_tokens": "loop", "win_mask": "loop", "win_len": "window", "ctx_len": "loop",
+    "finished": "loop", "max_new": "max_tokens", "stop_ids": "stop_token_ids",
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+    "threshold": "entropy_threshold", "penalty": "distance_penalty", "seed": "seed",
+    "block_window": "window", "stalled": "loop", "forwards": "loop", "rows": "loop",
+    "row_counts": "loop", "_stalled_host": "loop",
+}
 
 
 def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -52,7 +65,8 @@ class NoProgressError(RuntimeError):
 class WeDLMModelState(DefaultModelState):
     """Per-request WeDLM window state and the input rewrite of each decode step.
 
-    Buffers, ``M`` = ``max_num_seqs`` slots, ``S = 2W`` window slots, ``K`` stop ids:
+    Buffers, ``M`` = ``max_num_seqs`` slots, ``S = 2W`` window slots, ``K`` stop ids
+    (``num_stop_ids``; where each buffer's values come from: ``BUFFER_SOURCES``):
 
     ============ ============= ====================================================
     win_tokens   [M, S] int64  window tokens in logical slot order (masks: mask id)
@@ -89,7 +103,12 @@ class WeDLMModelState(DefaultModelState):
         self.ctx_len = buffer((slots,), torch.int32)
         self.finished = buffer((slots,), torch.bool, True)
         self.max_new = buffer((slots,), torch.int32)
-        self.stop_ids = buffer((slots, MAX_STOP_IDS), torch.int64, -1)
+        # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
+        # checkpoint's eos ids, checked in the frontend), the generation config's eos ids
+        # vLLM adds to them, and the tokenizer's eos
+        # (SamplingParams.update_from_generation_config): never more than this.
+        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1
+        self.stop_ids = buffer((slots, self.num_stop_ids), torch.int64, -1)
         self.temperature = buffer((slots,), torch.float32)
         self.top_k = buffer((slots,), torch.int32)
         self.top_p = buffer((slots,), torch.float32, 1.0)
@@ -131,22 +150,27 @@ class WeDLMModelState(DefaultModelState):
     def add_request(self, req_index: int, new_req_data) -> None:
         super().add_request(req_index, new_req_data)
         params = new_req_data.sampling_params
-        if params is None:
+        if params is None:  # not reachable: vLLM's frontend refuses pooling for this model
             raise ValueError("WeDLM models generate text; pooling requests are not served")
-        settings = request_settings(self.settings, params.extra_args)
+        # checked by the frontend (settings.check_request), so this cannot raise
+        values = request_values(self.settings, params)
+        settings = values.settings
         prompt = new_req_data.prompt_token_ids or []
         tokens = new_req_data.prefill_token_ids or prompt
         generated = len(tokens) - len(prompt)  # > 0 when a preempted request resumes
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        # vLLM sets an unset max_tokens to the room the prompt leaves; max_model_len is
+        # below 2**31 (the config hook), so every length here fits int32
+        max_tokens = values.max_tokens if values.max_tokens is not None else self.max_model_len
         remaining = max(0, min(max_tokens - generated, self.max_model_len - len(tokens)))
         stops = stop_ids_of(params)
-        if len(stops) > MAX_STOP_IDS:
-            raise ValueError(f"a WeDLM request takes at most {MAX_STOP_IDS} stop ids (eos "
-                             f"included), got {len(stops)}")
+        if len(stops) > self.num_stop_ids:  # not reachable (see __init__); never raise here
+            logger.error("WeDLM request %s has %d stop ids, more than %d; the first %d are "
+                         "applied on the device", new_req_data.req_id, len(stops),
+                         self.num_stop_ids, self.num_stop_ids)
+            stops = stops[: self.num_stop_ids]
         # an unseeded request draws from numpy's global generator, which vLLM seeds alike
         # on every rank (tensor-parallel ranks must commit the same tokens)
-        seed = params.seed if params.seed is not None else int(np.random.randint(0, 2**63 - 1))
-        greedy = params.temperature < _SAMPLING_EPS
+        seed = values.seed if values.seed is not None else int(np.random.randint(0, 2**63 - 1))
         slot = req_index
         if generated > 0:
             self._restarts.setdefault(new_req_data.req_id, []).append(generated)
@@ -164,12 +188,12 @@ class WeDLMModelState(DefaultModelState):
         self.stop_ids[slot].fill_(-1)
         for index, stop in enumerate(stops):  # fills: no copy from pageable host memory
             self.stop_ids[slot, index].fill_(stop)
-        self.temperature[slot].fill_(0.0 if greedy else float(params.temperature))
-        self.top_k[slot].fill_(0 if greedy or params.top_k <= 0 else int(params.top_k))
-        self.top_p[slot].fill_(1.0 if greedy else float(params.top_p))
-        self.threshold[slot].fill_(settings.threshold_value)
+        self.temperature[slot].fill_(values.temperature)
+        self.top_k[slot].fill_(values.top_k)
+        self.top_p[slot].fill_(values.top_p)
+        self.threshold[slot].fill_(settings.entropy_threshold)
         self.penalty[slot].fill_(settings.distance_penalty)
-        self.seed[slot].fill_((int(seed) + 2**63) % 2**64 - 2**63)  # its 64 bits as int64
+        self.seed[slot].fill_(seed)
         self.block_window[slot].fill_(int(self._block_window[slot]))
         self.stalled[slot].fill_(0)
         self._stalled_view[slot] = 0

@@ -57,7 +57,8 @@ def compare_modes(
             torch.cuda.synchronize(generator.model.device)
         wall_ms = (time.perf_counter() - start) * 1e3
         modes[label] = {
-            "mode": mode, "threshold": params.threshold, "forwards": result.forwards,
+            "mode": mode, "threshold": threshold if thresholded else None,
+            "forwards": result.forwards,
             "tokens": len(result.token_ids), "tokens_per_forward": result.tokens_per_forward,
             "p_cache": result.p_cache, "wall_ms": wall_ms, "finish_reason": result.finish_reason,
             "token_ids": result.token_ids, "text": result.text,

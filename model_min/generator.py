@@ -19,7 +19,7 @@ first token, then each forward feeds the last token.
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 import torch
@@ -336,7 +336,8 @@ class Generator:
                 isinstance(p, SamplingParams) for p in params):
             raise TypeError("params must be a SamplingParams, a list of them (one per prompt) "
                             f"or None, got {params!r:.80}")
-        params = list(params)
+        # checked again: a SamplingParams may have been changed since it was made
+        params = [replace(p) for p in params]
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         vocab = self.model.config.vocab_size

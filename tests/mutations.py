@@ -514,7 +514,7 @@ MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ request parameters
     Mutation(
         "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",
-        (("    if result <= 0:\n        return -math.inf\n", ""),),
+        (("    return -math.inf if _float32(result) <= 0 else result", "    return result"),),
         ("tests/test_request_params.py",), "a threshold <= 0 is stored as given, so an fp32 "
         "entropy rounded below zero could pass it: not one token per step",
     ),
@@ -603,11 +603,27 @@ VLLM_MUTATIONS += [
     Mutation(
         "vllm-stop-ids-without-room-for-eos", VLLM_STATE,
         (("        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1",
-          "        self.num_stop_ids = MAX_STOP_TOKEN_IDS"),),
-        (VLLM_DECODING,), "the device holds 24 stop ids, so eos and 24 stop_token_ids lose "
-        "one", keyword="24_stop_ids",
+          "        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids)"),),
+        ("tests/vllm_plugin/test_vllm_checkpoints.py",), "no room for the tokenizer's eos, "
+        "which vLLM adds beside the checkpoint's: a request with 24 stop ids loses one",
+        keyword="stop_id_buffer",
     ),
 ]
+VLLM_MUTATIONS.append(Mutation(
+    "vllm-prompt-ids-unchecked-without-a-tokenizer",
+    "wedlm_kernels/integrations/vllm/_register.py",
+    (("    BaseRenderer.validate_token_ids = _validate_prompt_ids\n", ""),),
+    ("tests/vllm_plugin/test_vllm_checkpoints.py",), "an engine without a tokenizer takes a "
+    "prompt id past the embedding, and the forward in the worker fails on it",
+    keyword="plain_qwen3",
+))
+VLLM_MUTATIONS.append(Mutation(
+    "vllm-requests-the-engine-cannot-decode-admitted",
+    "wedlm_kernels/integrations/vllm/_register.py",
+    (("    _check_engine_can_read(self)  #", "    #"),),
+    ("tests/vllm_plugin/test_vllm_errors.py",), "ignore_eos=1 is admitted, which a "
+    "multiprocess engine cannot decode (its input thread stops)", keyword="cannot_decode",
+))
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}
 
 

@@ -101,6 +101,14 @@ def test_generator_rejects_a_cache_without_room(tiny, value):
         Generator(tiny, max_cache_tokens=value)
 
 
+def test_a_sampling_params_changed_after_it_was_made_is_checked_again(tiny):
+    generator = Generator(tiny, window=4, max_batch=1)
+    params = SamplingParams(max_new_tokens=4)
+    params.penalty = 1e300
+    with pytest.raises(ValueError, match=r"SamplingParams\.penalty must be a number from 0"):
+        generator.generate([[5, 6, 7]], params)
+
+
 def test_stop_ids_outside_the_vocabulary_are_rejected(tiny):
     generator = Generator(tiny, window=4, max_batch=1)
     vocab = tiny.config.vocab_size

@@ -85,8 +85,10 @@ def test_any_value_is_refused_by_name_or_stored_without_an_error(field, value):
 
 
 def test_threshold_mappings_one_token_per_step_and_every_mask():
-    for one_token_per_step in (None, 0, -0.0, -0.5, -INF, -1e300):
+    # (1e-300 and 7e-46 are positive, but float32 holds them as 0: nothing passes them)
+    for one_token_per_step in (None, 0, -0.0, -0.5, -INF, -1e300, 1e-300, 7e-46):
         assert rp.entropy_threshold(one_token_per_step, "T") == -INF
+    assert rp.entropy_threshold(1e-45, "T") == 1e-45  # float32's smallest positive
     for every_mask in (INF, 1e300, 3.5e38):
         assert rp.entropy_threshold(every_mask, "T") == INF
     assert rp.entropy_threshold(0.4, "T") == 0.4

@@ -10,7 +10,8 @@ returns the value as it is stored in the device buffer that holds it
     field              stored as  accepted                         mapped before it is stored
     window             int32      integer 1 .. min(engine's, 4096)
     mode               -          "streaming" or "blockwise"
-    entropy_threshold  float32    number or None, not NaN          None or <= 0: -inf (one
+    entropy_threshold  float32    number or None, not NaN          None, <= 0 or rounding to
+                                                                   0 in float32: -inf (one
                                                                    token per step); above the
                                                                    float32 range: +inf (every
                                                                    mask)
@@ -26,14 +27,16 @@ returns the value as it is stored in the device buffer that holds it
                                   24 distinct ones besides the
                                   checkpoint's eos ids
 
-A boolean is never a number here (``True`` is not the integer 1). A greedy request
-(temperature 0) ignores ``top_k`` and ``top_p`` once they pass their range checks (-1 or
-more; (0, 1]), as vLLM does: they are stored as off. The module imports nothing but the
+A boolean is never a number here (``True`` is not the integer 1), with one exception
+that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k`` and
+``top_p`` once they pass their range checks (-1 or more; (0, 1]; there ``True`` counts as
+1), and stores them as off. The module imports nothing but the
 standard library, so every front end (and its tests) can use it.
 """
 
 import math
 import numbers
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,9 +60,10 @@ MAX_STOP_TOKEN_IDS = 24
 FIELDS = {
     "window": ("int32", "an integer from 1 to the engine's window (at most 4096)"),
     "mode": (None, 'one of "streaming" and "blockwise"'),
-    "entropy_threshold": ("float32", "a number, not NaN, or None; None and any value <= 0 "
-                          "mean one token per step (stored as -inf), a value above "
-                          "3.4028235e38 means every mask (stored as +inf)"),
+    "entropy_threshold": ("float32", "a number, not NaN, or None; None, any value <= 0 and "
+                          "any positive value float32 rounds to 0 (below about 7e-46) mean "
+                          "one token per step (stored as -inf), a value above 3.4028235e38 "
+                          "means every mask (stored as +inf)"),
     "distance_penalty": ("float32", "a number from 0 to 3.4028235e38 (-0.0 is 0)"),
     "temperature": ("float32", "a number from 0 to 2; 0 is greedy, a value in (0, 0.01) "
                     "is raised to 0.01"),
@@ -132,18 +136,24 @@ def mode(value: Any, name: str) -> str:
     return value
 
 
+def _float32(value: float) -> float:
+    """``value`` (at most FLOAT32_MAX in magnitude) rounded to float32."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def entropy_threshold(value: Any, name: str) -> float:
-    """The threshold as stored: -inf for None and any value <= 0 (no entropy is below
-    it, so one token per step), +inf above the float32 range (every mask), else the value."""
+    """The threshold as stored: -inf for None and any value float32 holds as 0 or below (no
+    entropy is below it, so one token per step), +inf above the float32 range (every mask),
+    else the value."""
     if value is None:
         return -math.inf
     what = "a number of nats (<= 0 or None: one token per step)"
     result = _number(value, name, what)
     if math.isnan(result):
         _fail(name, what + ", not NaN", value)
-    if result <= 0:
-        return -math.inf
-    return math.inf if result > FLOAT32_MAX else result
+    if result > FLOAT32_MAX:
+        return math.inf
+    return -math.inf if _float32(result) <= 0 else result
 
 
 def distance_penalty(value: Any, name: str) -> float:

@@ -54,7 +54,8 @@ SERVED = {
 }
 # Each field's values on the good request, then on a seeded sampled one (a greedy request
 # ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
-SAMPLED = {"temperature": 0.8, "seed": 5}
+SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among the stop ids
+EOS = 256  # the tiny model's (config.json, generation_config.json, the tokenizer)
 GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
         for field, values in VALUES.items() for value in values]
 
@@ -62,16 +63,16 @@ GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
 def vllm_request(draw: dict, vllm_sampling_params):
     """``(prompt, SamplingParams)`` of a draw through vLLM's Python API; vLLM's own
     constructor may refuse it (raises)."""
-    fields = {**BASE, **draw}
+    fields = {"ignore_eos": True, **BASE, **draw}
     prompt = fields.pop("prompt", PROMPT)
     extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
-    return prompt, vllm_sampling_params(ignore_eos=True, extra_args=extra or None, **fields)
+    return prompt, vllm_sampling_params(extra_args=extra or None, **fields)
 
 
 def http_body(draw: dict) -> dict:
     """The JSON body fields of a draw for ``/v1/completions`` (besides the model)."""
-    fields = {**BASE, **draw}
-    body = {"prompt": fields.pop("prompt", PROMPT), "ignore_eos": True}
+    fields = {"ignore_eos": True, **BASE, **draw}
+    body = {"prompt": fields.pop("prompt", PROMPT)}
     extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
     if extra:
         body["vllm_xargs"] = extra
@@ -101,7 +102,7 @@ class ModelMinDecoder:
         self.generators: dict[tuple, model_min.Generator] = {}
 
     def decode(self, draw: dict) -> Refused | Served:
-        fields = {**BASE, **draw}
+        fields = {"ignore_eos": True, **BASE, **draw}
         prompt = fields.get("prompt", PROMPT)
         room = self.max_model_len - len(prompt)
         names = {"max_tokens": "max_new_tokens", "temperature": "temperature",
@@ -110,7 +111,7 @@ class ModelMinDecoder:
                  "wedlm_distance_penalty": "penalty"}
         try:
             window = fields.get("wedlm_window", WINDOW)
-            key = (type(window), window)  # True == 1, but only 1 is a window
+            key = (type(window), repr(window))  # True == 1, but only 1 is a window
             if key not in self.generators:
                 self.generators[key] = model_min.Generator(self.model, window=window,
                                                            max_batch=1)
@@ -119,9 +120,11 @@ class ModelMinDecoder:
                                                  if f in names})
             wanted = params.max_new_tokens
             params.max_new_tokens = room if wanted is None else min(wanted, room)
+            if not fields["ignore_eos"]:  # vLLM adds the checkpoint's eos
+                params.stop_token_ids = (*params.stop_token_ids, EOS)
             [result] = generator.generate(
                 [prompt], params, mode=fields.get("wedlm_mode", "streaming"))
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError) as error:  # a refusal (check_draw: it names a field)
             return Refused(error)
         return Served(result.token_ids, result.forwards,
                       params.temperature == 0 or params.seed is not None)
@@ -130,7 +133,11 @@ class ModelMinDecoder:
 def names_a_field(error: BaseException | str, fields) -> bool:
     """The error names one of ``fields`` (in its message or as its parameter)."""
     text = f"{error} {getattr(error, 'parameter', '')}"
-    aliases = {"prompt": ("prompt", "Token id")}
+    aliases = {"prompt": ("prompt", "Token id", "token ids"),  # model_min's names too
+               "max_tokens": ("max_tokens", "max_new_tokens"),
+               "wedlm_window": ("wedlm_window", "window"), "wedlm_mode": ("wedlm_mode", "mode"),
+               "wedlm_entropy_threshold": ("wedlm_entropy_threshold", "threshold"),
+               "wedlm_distance_penalty": ("wedlm_distance_penalty", "penalty")}
     return any(name in text for field in fields for name in aliases.get(field, (field,)))
 
 

@@ -2,6 +2,7 @@
 decoding does not serve, bad WeDLM settings, a prompt past max_model_len, bad engine
 configuration; and a decode step that stops making progress fails by the guard."""
 
+import numpy as np
 import pytest
 import torch
 from vllm import SamplingParams
@@ -26,6 +27,7 @@ UNSUPPORTED = [
     ("allowed_token_ids", dict(allowed_token_ids=[1, 2, 3])),
     ("stop_token_ids", dict(stop_token_ids=list(range(100, 125)))),
     ("logprob_token_ids", dict(logprob_token_ids=[1, 2])),
+    ("prompt_logprob_token_ids", dict(prompt_logprob_token_ids=[[0]] * 5)),
     ("structured_outputs", dict(structured_outputs=StructuredOutputsParams(regex="[ab]+"))),
     ("diffusion_canvas_length", dict(extra_args={"diffusion_canvas_length": 8})),
     ("wedlm_block", dict(extra_args={"wedlm_block": 4})),
@@ -44,6 +46,26 @@ def test_an_unsupported_parameter_fails_at_request_time_naming_it(engine, name, 
     with pytest.raises(VLLMValidationError, match=name) as failure:
         engine.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)
     assert name in failure.value.parameter  # the OpenAI server reports it as the "param"
+
+
+@pytest.mark.parametrize("options", [
+    dict(ignore_eos=1), dict(n=True), dict(presence_penalty=False),
+    dict(repetition_penalty=True), dict(min_tokens=False), dict(detokenize=0),
+    dict(skip_special_tokens=1), dict(include_stop_str_in_output=0),
+    dict(seed=np.int64(3)), dict(extra_args={"wedlm_window": np.int32(2)}),
+], ids=lambda options: next(iter(options)))
+def test_a_value_vllms_engine_process_cannot_decode_is_refused_by_name(engine, options):
+    # vLLM type-checks none of these; its engine process decodes a request strictly (and
+    # its encoder refuses numpy numbers), and a multiprocess LLM hangs on one it cannot
+    # pass on (docs/vllm.md)
+    [name] = options
+    with pytest.raises(VLLMValidationError, match=f"{name}: ") as failure:
+        engine.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=4,
+                                                                          **options),
+                        use_tqdm=False)
+    assert failure.value.parameter == name
+    assert engine.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=4),
+                           use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_temperature_and_seed_are_served_and_the_engine_survives_bad_requests(engine):

@@ -81,9 +81,12 @@ def check_draw(llm, decoder, draw: dict, fuzzed) -> str:
         assert names_a_field(got.error, fuzzed) or (
             isinstance(got, RefusedByConstructor) and isinstance(got.error, TypeError)), (
             draw, got.error)
-        # the two front ends refuse alike, beyond the engine's own bounds
+        # the two front ends refuse alike (model_min naming a field too), beyond the
+        # engine's own bounds
         assert isinstance(want, Refused) or engine_refusal(draw, MAX_MODEL_LEN), (
             draw, got.error)
+        assert not isinstance(want, Refused) or names_a_field(want.error, fuzzed), (
+            draw, want.error)
         return "refused"
     assert isinstance(want, Served), (draw, want.error)
     assert not engine_refusal(draw, MAX_MODEL_LEN), draw

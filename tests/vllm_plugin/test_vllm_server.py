@@ -234,6 +234,38 @@ def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_mo
     assert counts.get(400, 0) > 200 and counts.get(200, 0) > 100, counts
 
 
+def test_no_chat_request_stops_the_server_and_each_is_refused_by_name_or_served(
+        client, server):
+    from openai import APIStatusError
+
+    messages = [{"role": "user", "content": "x = 1"}]
+
+    def chat(entry):
+        field, draw = entry
+        body = http_body(draw)
+        body.pop("prompt")
+        try:
+            json.dumps(body, allow_nan=False)
+        except ValueError:  # the client cannot encode it; the completions fuzz sends those
+            return field, 0, ""
+        try:
+            response = client.chat.completions.create(model="tiny-wedlm", messages=messages,
+                                                      extra_body=body)
+        except APIStatusError as error:
+            return field, error.status_code, str(error)
+        return field, 200, response.choices[0].message.content
+
+    draws = [(field, draw) for field, draw in GRID if field != "prompt"]
+    with ThreadPoolExecutor(max_workers=8) as clients:
+        answers = list(clients.map(chat, draws))
+    for (field, draw), (_, status, answer) in zip(draws, answers):
+        assert status in (0, 200, 400), (draw, status, answer)
+        assert status != 400 or names_a_field(answer, [field]), (draw, answer)
+    assert sum(status == 200 for _, status, _ in answers) > 100
+    assert client.chat.completions.create(model="tiny-wedlm", messages=messages, max_tokens=4,
+                                          temperature=0).choices[0].message.content
+
+
 def test_one_token_per_step_over_http_is_a_threshold_of_zero(client):
     prompt = "while True:\n   "
     response = client.completions.create(

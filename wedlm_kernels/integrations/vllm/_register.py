@@ -1,12 +1,16 @@
 """What :func:`wedlm_kernels.integrations.vllm.register` does, with vLLM imported."""
 
 import dataclasses
+import re
 
+import msgspec
 from vllm import ModelRegistry
 from vllm.exceptions import VLLMValidationError
 from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+from vllm.renderers.base import BaseRenderer
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.config import _CONFIG_REGISTRY
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from wedlm_kernels.request_params import INT32_MAX
 
@@ -94,16 +98,72 @@ def _validate_request(self: SamplingParams, model_config) -> None:
         name, why = refused[0]
         raise VLLMValidationError(f"{name} is not supported by WeDLM decoding: {why}",
                                   parameter=name)
-    engine = getattr(model_config.hf_config, "wedlm_settings", None) or {}
+    engine = getattr(model_config.hf_config, "wedlm_settings", None)
+    if engine is None:  # the config hook did not run in this process: nothing to check by
+        raise RuntimeError(f"{ARCHITECTURE}: the engine's WeDLM settings are unknown here "
+                           "(hf_config.wedlm_settings); the request cannot be checked")
     try:
         check_request(WeDLMSettings(**engine), self, model_config.get_vocab_size(),
                       model_config.max_model_len,
                       tuple(getattr(model_config.hf_config, "wedlm_eos_ids", ())))
     except SettingsError as error:
         raise VLLMValidationError(str(error), parameter=error.parameter) from None
+    _check_engine_can_read(self)  # the fields WeDLM does not read, after the ones it does
 
 
 _vllm_validate_diffusion = SamplingParams._validate_diffusion
+_ENCODER, _DECODER = MsgpackEncoder(), MsgpackDecoder(SamplingParams)
+
+
+def _check_engine_can_read(params: SamplingParams) -> None:
+    """Refuse, naming the field, a request that vLLM cannot hand to its engine process.
+
+    vLLM does not type-check most SamplingParams fields, and its engine process decodes each
+    request strictly (msgspec): through a multiprocess ``LLM``, ``ignore_eos=1``, ``n=True``
+    or ``presence_penalty=False`` stops the engine's input thread, and a numpy number (which
+    its encoder refuses) leaves the request registered but never sent; either way the
+    engine hangs. This is the same round trip, on the request alone (about 10 us)."""
+    try:
+        _DECODER.decode(_ENCODER.encode(params))
+    except msgspec.ValidationError as error:  # "Expected `bool`, got `int` - at `$.n`"
+        found = re.search(r"at `\$\.(\w+)", str(error))
+        name = found.group(1) if found else "sampling_params"
+        raise VLLMValidationError(f"{name}: {error} (vLLM's engine cannot read this value)",
+                                  parameter=name) from None
+    except (TypeError, OverflowError) as error:  # a numpy number; an int past 64 bits
+        name = next((field for field in msgspec.structs.fields(SamplingParams)
+                     if not _encodes(getattr(params, field.name, None))), None)
+        name = name.name if name is not None else "sampling_params"
+        raise VLLMValidationError(f"{name}: {error} (vLLM cannot send this value to its "
+                                  "engine; use Python numbers)", parameter=name) from None
+
+
+def _encodes(value) -> bool:
+    try:
+        _ENCODER.encode(value)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def _validate_prompt_ids(self: BaseRenderer, token_ids, *, parameter: str | None = None
+                         ) -> None:
+    """Replaces BaseRenderer.validate_token_ids: vLLM's check, then, for WeDLM models, every
+    prompt id within the model's vocabulary. vLLM's own check skips an engine without a
+    tokenizer (``skip_tokenizer_init``) and admits ids up to the tokenizer's largest, so an
+    id past the embedding would reach the forward in the worker and stop the engine."""
+    _vllm_validate_token_ids(self, token_ids, parameter=parameter)
+    if not token_ids or not is_wedlm(self.model_config):
+        return
+    vocab_size = self.model_config.get_vocab_size()
+    low, high = min(token_ids), max(token_ids)
+    if low < 0 or high >= vocab_size:
+        raise VLLMValidationError(
+            f"prompt token id {low if low < 0 else high} is outside the model's vocabulary "
+            f"[0, {vocab_size})", parameter=parameter or "prompt")
+
+
+_vllm_validate_token_ids = BaseRenderer.validate_token_ids
 
 
 def register_all() -> None:
@@ -116,3 +176,4 @@ def register_all() -> None:
     _CONFIG_REGISTRY["wedlm"] = WeDLMConfig
     MODELS_CONFIG_MAP[ARCHITECTURE] = WeDLMConfigHook
     SamplingParams._validate_diffusion = _validate_request
+    BaseRenderer.validate_token_ids = _validate_prompt_ids

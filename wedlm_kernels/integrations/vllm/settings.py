@@ -157,9 +157,11 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "no logprobs (tokens are committed from a window, not sampled one by one)")
     check("prompt_logprobs", getattr(params, "prompt_logprobs", None) is not None,
           "no prompt logprobs (prefill computes no logits)")
-    check("logprob_token_ids", bool(getattr(params, "logprob_token_ids", None)),
+    # (vLLM has made a numpy array of prompt_logprob_token_ids by now: not a truth value)
+    check("logprob_token_ids", getattr(params, "logprob_token_ids", None) is not None,
           "no logprobs of chosen tokens")
-    check("prompt_logprob_token_ids", bool(getattr(params, "prompt_logprob_token_ids", None)),
+    check("prompt_logprob_token_ids",
+          getattr(params, "prompt_logprob_token_ids", None) is not None,
           "no prompt logprobs (prefill computes no logits)")
     check("presence_penalty", getattr(params, "presence_penalty", 0.0) != 0.0, "no penalties")
     check("frequency_penalty", getattr(params, "frequency_penalty", 0.0) != 0.0,

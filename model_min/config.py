@@ -7,10 +7,14 @@ only plain RoPE.
 """
 
 import json
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
+
+# an integer / a real number (Python's or numpy's), not a bool: the checks of every number
+# model_min takes (config values, token ids, counts), as for request parameters
+from wedlm_kernels.request_params import is_integer
+from wedlm_kernels.request_params import is_number as is_real
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "wedlm")
 
@@ -77,17 +81,6 @@ def _rope_theta(config: dict) -> float:
 
 
 _MISSING = object()
-
-
-def is_integer(value) -> bool:
-    """An integer (Python's or numpy's), not a bool: the check of every integer that
-    model_min takes (config values, token ids, counts)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def is_real(value) -> bool:
-    """A real number (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _int(config: dict, key: str, minimum: int, default=_MISSING) -> int:

@@ -149,11 +149,6 @@ def _integer_dtype(array) -> bool:
     return array.dtype.kind in "iu"
 
 
-def _int64(value: int) -> int:
-    """The int64 with the same 64 two's-complement bits as ``value``."""
-    return (value + 2**63) % 2**64 - 2**63
-
-
 class Generator:
     """Batched WeDLM decoder over a paged KV cache.
 
@@ -354,12 +349,12 @@ class Generator:
                 raise ValueError(f"prompt {index}: AR decoding needs a non-empty prompt")
             max_positions = self.model.config.max_position_embeddings
             max_new = p.max_new_tokens
-            if max_new is None and len(ids) >= max_positions:
-                raise ValueError(
-                    f"prompt {index}: {len(ids)} prompt tokens leave no room for new tokens in "
-                    f"the model's max_position_embeddings ({max_positions})")
             if max_new is None:
                 max_new = max_positions - len(ids)
+                if max_new < 1:
+                    raise ValueError(
+                        f"prompt {index}: {len(ids)} prompt tokens leave no room for new tokens "
+                        f"in the model's max_position_embeddings ({max_positions})")
             if len(ids) + max_new > max_positions:
                 raise ValueError(
                     f"prompt {index}: {len(ids)} prompt tokens + max_new_tokens "
@@ -373,7 +368,7 @@ class Generator:
             seed = request.params.seed
             if seed is None:
                 seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=self.rng))
-            request.seed = _int64(seed)
+            request.seed = seed  # an int64 (SamplingParams checks a given one)
         return checked
 
     def _positions(self, request: _Request) -> int:

@@ -596,7 +596,8 @@ VLLM_MUTATIONS += [
     Mutation(
         "vllm-max-tokens-unbounded-beside-max-model-len", "wedlm_kernels/integrations/vllm/"
         "settings.py",
-        (("    if max_model_len is not None:\n", "    if False:\n"),),
+        (("    request_values(engine, params, max_model_len)\n",
+          "    request_values(engine, params)\n"),),
         VLLM_FUZZ, "prompt_len + max_tokens overflows vLLM's int32 max_seq_len buffer",
         keyword="every_edge_value", expect="out of bounds for int32",
     ),

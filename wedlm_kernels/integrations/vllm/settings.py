@@ -100,17 +100,20 @@ class RequestValues:
     max_tokens: int | None
 
 
-def request_values(engine: WeDLMSettings, params: Any) -> RequestValues:
+def request_values(engine: WeDLMSettings, params: Any, max_model_len: int | None = None
+                   ) -> RequestValues:
     """The stored values of a vLLM ``SamplingParams`` (duck-typed). Raises
     :class:`ParameterError` naming the parameter; for a request :func:`check_request` has
-    passed, it cannot raise (the worker reads a request this way)."""
+    passed, it cannot raise (the worker reads a request this way). With ``max_model_len``,
+    ``max_tokens`` is at most ``2**31 - 1 - max_model_len`` (:func:`check_request`)."""
     temperature, top_k, top_p = rp.sampling(params.temperature, params.top_k, params.top_p,
                                             ("temperature", "top_k", "top_p"))
+    most_tokens = rp.INT32_MAX if max_model_len is None else rp.INT32_MAX - max_model_len
     return RequestValues(
         settings=request_settings(engine, params.extra_args),
         temperature=temperature, top_k=top_k, top_p=top_p,
         seed=rp.seed(params.seed, "seed"),
-        max_tokens=rp.max_tokens(params.max_tokens, "max_tokens"),
+        max_tokens=rp.max_tokens(params.max_tokens, "max_tokens", most_tokens),
     )
 
 
@@ -123,9 +126,7 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
     vLLM's Model Runner V2 stores ``prompt_len + max_tokens`` in an int32 buffer
     (``RequestState.max_seq_len``), and a request past it stops the engine. ``eos_ids``:
     the checkpoint's (:func:`checkpoint_eos_ids`), which the stop id count leaves out."""
-    request_values(engine, params)
-    if max_model_len is not None:
-        rp.max_tokens(params.max_tokens, "max_tokens", rp.INT32_MAX - max_model_len)
+    request_values(engine, params, max_model_len)
     rp.stop_token_ids(params.stop_token_ids, "stop_token_ids", vocab_size, eos_ids)
 
 

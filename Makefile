@@ -78,10 +78,12 @@ endef
 test-latest:
 	$(call version_job,.venv-latest,)
 
-# (and the sm_90 compiles on 3.6, where no kernel variant but the window kernel's spills)
-test-oldest: VERSION_TESTS += tests/test_kernels_compile_sm90.py
+# (and the sm_90 compiles on 3.6, where no kernel variant but the window kernel's spills;
+# and the benchmarks' plots on the oldest matplotlib the bench extra accepts)
+test-oldest: VERSION_TESTS += tests/test_kernels_compile_sm90.py tests/test_bench_plots.py \
+	tests/test_bench_sweep_report.py
 test-oldest:
-	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0")
+	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0" "matplotlib==3.9.0")
 
 # The constraints resolve against the plain package index, for the default (CUDA) torch,
 # with the engine's extras and the vLLM plugin's (the GPU vllm the README installs):

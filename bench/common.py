@@ -18,6 +18,10 @@ is timed through :class:`PackedState` ("restore + op" minus "restore", see
 :func:`subtract_restore`); :func:`add_derived` turns a case's bytes model and medians into
 GB/s, fractions of the copy bandwidth (:func:`copy_bandwidth`) and speed-ups of the
 ``triton`` implementation over every other one.
+
+Plots: every benchmark draws its PNG through :func:`save_plot` (a figure-building callback
+and a path; the path back, or the reason no plot was written, e.g. :data:`NO_MATPLOTLIB`
+on a machine without matplotlib, the ``bench`` extra).
 """
 
 import argparse
@@ -26,16 +30,22 @@ import os
 import re
 import shlex
 import statistics
+import struct
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from model_min.run_info import device_info, utc_now, versions, write_json  # noqa: F401
+
+if TYPE_CHECKING:  # matplotlib is optional: imported by save_plot when it draws
+    from matplotlib.figure import Figure
 
 NO_GPU_MESSAGE = "no CUDA GPU present: GPU benchmarks skipped"
 CPU_LABEL = "CPU only (no GPU); every figure is a CPU measurement"  # results label
@@ -204,16 +214,105 @@ def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
-def pyplot():
-    """``matplotlib.pyplot`` with a file-only backend, or None when matplotlib is missing."""
-    try:
-        import matplotlib
+# ---------------------------------------------------------------------------- plots
+#
+# Every benchmark's plot (ops_window, paged_attention, select_tokens, bench.report's sweep
+# plot, bench/vllm_serve.py) is drawn through save_plot: one backend, one way of saving, one
+# answer when matplotlib is missing.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+NO_MATPLOTLIB = "matplotlib is not installed: no plot"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def save_plot(
+    draw: Callable[["Figure"], object],
+    path: Path,
+    *,
+    size: tuple[float, float] = (8.0, 5.0),
+    dpi: int = 110,
+    metadata: dict[str, str] | None = None,
+) -> Path | str:
+    """Draws one figure with ``draw`` and saves it as a PNG at ``path``.
+
+    ``draw(figure)`` is given an empty ``matplotlib.figure.Figure`` of ``size`` inches with
+    a tight layout; it adds its axes (``figure.subplots(...)``) and draws, and its return
+    value is ignored. The figure is rendered by Agg, matplotlib's file-only backend, bound
+    to this one figure: no ``pyplot``, no global backend switch, no display needed, nothing
+    left open. It is saved at ``dpi`` dots per inch, with ``metadata`` (latin-1 keys of at
+    most 79 characters) as PNG text chunks beside matplotlib's ``Software`` (read back with
+    :func:`png_text`).
+
+    Returns ``path`` once the file is written, or, as a ``str``, why no plot was written:
+
+    - :data:`NO_MATPLOTLIB` when matplotlib cannot be imported (it is the ``bench`` extra;
+      the GPU machine of bench/gpu_check.sh has no network and runs without it), and
+      ``draw`` is not called;
+    - ``"plot failed: <error>"`` when ``draw`` or the saving raised; no file is left at
+      ``path`` (a plot of an earlier run there is removed).
+
+    Neither raises, so a plot never costs a benchmark the results it measured. A report
+    keeps the outcome in its ``"plot"`` entry with :func:`plot_entry`, e.g.::
+
+        def draw(figure):
+            axis = figure.subplots()
+            axis.plot(concurrency, tokens_per_second, marker="o", label="wedlm")
+            axis.set(xlabel="concurrent requests", ylabel="tok/s")
+            axis.legend()
+
+        report["plot"] = plot_entry(save_plot(draw, out_dir / "vllm_serve.png", size=(6, 4)))
+    """
+    try:
+        import matplotlib  # noqa: F401 - first, so that a missing matplotlib says so here
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
-        return None
-    return plt
+        return NO_MATPLOTLIB
+    path = Path(path)
+    try:
+        figure = Figure(figsize=size, layout="tight")
+        FigureCanvasAgg(figure)
+        draw(figure)
+        figure.savefig(path, format="png", dpi=dpi, metadata=metadata)
+    except Exception as error:  # noqa: BLE001 - recorded in the report instead
+        path.unlink(missing_ok=True)
+        return f"plot failed: {type(error).__name__}: {error}"
+    return path
+
+
+def plot_entry(outcome: Path | str) -> str:
+    """A report's ``"plot"`` entry from :func:`save_plot`'s outcome: the file's name, or the
+    reason no plot was written."""
+    return outcome.name if isinstance(outcome, Path) else outcome
+
+
+def png_text(path: Path) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG file (``save_plot``'s ``metadata``); ValueError when the
+    file is not a well-formed PNG: its signature, an ``IHDR`` chunk first, every chunk
+    whole with a matching CRC, ``IEND`` last."""
+    data = Path(path).read_bytes()
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError(f"{path}: not a PNG file (signature)")
+    text, offset, kinds = {}, len(PNG_SIGNATURE), []
+    while offset < len(data):
+        if offset + 12 > len(data):
+            raise ValueError(f"{path}: truncated chunk at byte {offset}")
+        length, kind = struct.unpack(">I4s", data[offset: offset + 8])
+        if offset + 12 + length > len(data):
+            raise ValueError(f"{path}: truncated chunk {kind!r} at byte {offset}")
+        body = data[offset + 8: offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length: offset + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            raise ValueError(f"{path}: chunk {kind!r} at byte {offset} is damaged (CRC)")
+        kinds.append(kind)
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            text[key.decode("latin-1")] = value.decode("latin-1")
+        offset += 12 + length
+        if kind == b"IEND":
+            break
+    if not kinds or kinds[0] != b"IHDR" or kinds[-1] != b"IEND" or offset != len(data):
+        raise ValueError(f"{path}: not a complete PNG file (IHDR first, IEND last)")
+    return text
 
 
 class CudaContextLost(RuntimeError):
@@ -425,7 +524,7 @@ def bench_main(
 #     run(args, argv)   : run = start_op_run(...); report = run.report(shapes=..., ...);
 #                         groups of cases through run.run_group (partial results written
 #                         after each); run.write(report, final=True, ...) adds the plot
-#                         and the summary
+#                         (write_plot: save_plot with the script's drawing) and the summary
 #     failures(report)  : group_failures(...) per group of cases
 #     main(argv)        = bench_main(argv, parse_args, run, failures, "<name>.md")
 
@@ -511,11 +610,14 @@ class OpRun:
         return lost
 
     def write(self, report: dict, final: bool, write_markdown: Callable[[dict, Path], None],
-              write_plot: Callable[[dict, Path], str], summarise: Callable[[dict], dict]) -> None:
-        """``<name>.json`` and ``<name>.md``; the final write adds the plot and the summary."""
+              write_plot: Callable[[dict, Path], Path | str],
+              summarise: Callable[[dict], dict]) -> None:
+        """``<name>.json`` and ``<name>.md``; the final write adds the plot (``write_plot``
+        returns :func:`save_plot`'s outcome; the report keeps the PNG's name or the reason
+        there is none) and the summary."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if final:
-            report["plot"] = write_plot(report, self.out_dir / f"{self.name}.png")
+            report["plot"] = plot_entry(write_plot(report, self.out_dir / f"{self.name}.png"))
             report["summary"] = summarise(report)
         write_json(self.out_dir / f"{self.name}.json", report)
         write_markdown(report, self.out_dir / f"{self.name}.md")

@@ -621,12 +621,15 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def write_plot(report: dict, path: Path) -> str:
-    plt = common.pyplot()
-    if plt is None:
-        return "matplotlib is not installed: no plot"
+def write_plot(report: dict, path: Path) -> Path | str:
+    """rope_kv_append's µs and GB/s, reorder_window's and commit_window's µs
+    (``common.save_plot``)."""
+    return common.save_plot(lambda figure: draw_plot(figure, report), path, size=(12, 9))
+
+
+def draw_plot(figure, report: dict) -> None:
     mode = report["modes"][0]
-    figure, axes = plt.subplots(2, 2, figsize=(12, 9))
+    axes = figure.subplots(2, 2)
     styles = {"triton": "C0", "torch": "C1", "unfused": "C2"}
     rope = report["ops"].get("rope_kv_append", {"cases": []})["cases"]
     for page_size, line in zip(report["shapes"]["page_sizes"], ("-", "--")):
@@ -670,10 +673,6 @@ def write_plot(report: dict, path: Path) -> str:
             axis.legend(fontsize=7)
         axis.grid(True, which="both", alpha=0.3)
     figure.suptitle(f"{report['device']['name']}: window ops, {report['date']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path.name
 
 
 def summarise(report: dict) -> dict:

@@ -381,12 +381,15 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def write_plot(report: dict, path: Path) -> str:
-    plt = common.pyplot()
-    if plt is None:
-        return "matplotlib is not installed: no plot"
+def write_plot(report: dict, path: Path) -> Path | str:
+    """Decode GB/s against the context and prefill TFLOP/s against the tokens
+    (``common.save_plot``)."""
+    return common.save_plot(lambda figure: draw_plot(figure, report), path, size=(13, 5))
+
+
+def draw_plot(figure, report: dict) -> None:
     mode = report["modes"][0]
-    figure, (decode_axis, prefill_axis) = plt.subplots(1, 2, figsize=(13, 5))
+    decode_axis, prefill_axis = figure.subplots(1, 2)
     decode = [c for c in report["cases"] if c["kind"] == "decode"]
     keys = sorted({(c["params"]["batch"], c["params"]["q_len"]) for c in decode})
     for index, (batch, rows) in enumerate(keys):
@@ -418,10 +421,6 @@ def write_plot(report: dict, path: Path) -> str:
             axis.legend(fontsize=7)
         axis.grid(True, which="both", alpha=0.3)
     figure.suptitle(f"{report['device']['name']}: paged_attention, {report['date']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path.name
 
 
 def summarise(report: dict) -> dict:

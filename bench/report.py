@@ -1,6 +1,6 @@
 """Generates ``bench/REPORT.md`` from every ``bench/results/*/*.json``.
 
-    python -m bench.report            # rewrite bench/REPORT.md and the sweep plots (.svg)
+    python -m bench.report            # rewrite bench/REPORT.md and the sweep plots (.png)
     python -m bench.report --check    # exit 1 when either is out of date with the JSON
     python -m bench.report --results DIR --out FILE
 
@@ -10,21 +10,26 @@ tables, formatted but never computed anew (unit changes only: bytes to MB, fract
 percent). Known layouts: the op microbenchmarks (cases with ``timings`` per implementation
 and mode), per-case result lists such as ``bench.decoder_cpu``'s, and ``bench.sweep``; any
 other JSON becomes a flattened key/value table. Each ``bench.sweep`` result also gets a
-dependency-free SVG plot (tokens per forward and p_cache against the threshold, one series
-per mode) next to its JSON. The output depends only on the files read, so ``--check`` can
-tell whether the committed report is current.
+PNG plot next to its JSON (tokens per forward and p_cache against the threshold, one series
+per mode; drawn with matplotlib through ``bench.common.save_plot``, the ``bench`` extra).
+The output depends only on the files read, so ``--check`` can tell whether the committed
+report is current: REPORT.md is compared as text, and a sweep plot by the digest of its
+JSON and of the plot code that the PNG carries (:func:`sweep_plot_digest`), so the check
+needs no matplotlib. A plot already current is not redrawn; one that is stale or missing
+is, which needs matplotlib (without it the report is still written, the plot is not, and
+the command exits 1).
 """
 
 import argparse
+import hashlib
+import inspect
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from xml.sax.saxutils import escape, quoteattr
 
-from bench.common import fmt, fmt_rate, markdown_table
+from bench.common import fmt, fmt_rate, markdown_table, png_text, save_plot
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_RESULTS = BENCH_DIR / "results"
@@ -467,9 +472,11 @@ def sweep_body(data: dict, plot_link: str | None) -> list[str]:
 
 
 def sweep_markdown(data: dict, plot_link: str | None = None) -> str:
-    """The stand-alone Markdown file ``bench.sweep`` writes next to its JSON."""
+    """The stand-alone Markdown file ``bench.sweep`` writes next to its JSON; it shows the
+    plot next to it (``sweep_<model>.png``, drawn by ``bench.sweep`` where matplotlib is
+    installed, else by ``python -m bench.report``)."""
     name = (data.get("model") or {}).get("name", "model")
-    plot_link = plot_link or f"sweep_{name}.svg"
+    plot_link = plot_link or f"sweep_{name}.png"
     lines = [f"# Throughput sweep of model_min.Generator: {name} ({measurement(data)})", "",
              *header_lines(data, []), *sweep_body(data, plot_link)]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -479,15 +486,11 @@ def sweep_markdown(data: dict, plot_link: str | None = None) -> str:
 
 SERIES_COLORS = {"streaming": "#1f77b4", "blockwise": "#d62728", "ar": "#555555"}
 EXTRA_COLORS = ("#2ca02c", "#9467bd", "#8c564b")
-PLOT_METRICS = (("tokens_per_forward", "tokens / forward"), ("p_cache", "p_cache"))
-PANEL_W, PANEL_H, LEFT, TOP, GAP_X, GAP_Y = 300, 150, 56, 64, 40, 56
-
-
-def nice_ceiling(value: float) -> float:
-    if not value or value <= 0:
-        return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= value - 1e-12)
+# (case key, label, decimals of the value printed at each point: those of the table)
+PLOT_METRICS = (("tokens_per_forward", "tokens / forward", 2), ("p_cache", "p_cache", 3))
+PLOT_DPI = 110
+# The PNG text chunk that names what a sweep plot was drawn from (sweep_plot_digest).
+PLOT_DIGEST_KEY = "bench.report sweep plot sha256"
 
 
 def mode_color(mode: str, modes: list[str]) -> str:
@@ -521,122 +524,101 @@ def sweep_plot_slice(data: dict) -> dict:
     }
 
 
-def sweep_svg(data: dict) -> str:
-    """Tokens per forward and p_cache against the threshold: one row of panels per metric,
-    one column per window, one series (``<g class="series" data-mode=...>``) per mode."""
+def sweep_plot_size(data: dict) -> tuple[float, float]:
+    """Inches: a 4.2 x 3.4 panel per window and metric, plus the titles."""
+    windows = max(1, len(sweep_plot_slice(data)["windows"]))
+    return 0.8 + 4.2 * windows, 1.0 + 3.4 * len(PLOT_METRICS)
+
+
+def draw_sweep(figure, data: dict) -> None:
+    """Tokens per forward and p_cache against the threshold: one row of panels per metric
+    (a shared y axis from 0), one column per window, one series per mode (a line with a
+    marker and the value at each threshold; AR, which has no threshold, a dashed line with
+    its value)."""
     view = sweep_plot_slice(data)
     windows = view["windows"] or [None]
     thresholds = view["thresholds"] or [None]
-    width = LEFT + len(windows) * (PANEL_W + GAP_X)
-    height = TOP + len(PLOT_METRICS) * (PANEL_H + GAP_Y) + 24
-    kind = measurement(data)
-    name = (data.get("model") or {}).get("name", "model")
-    title = f"{name}: batch {view['batch']}, penalty {num(view['penalty'])}"
-    subtitle = f"{kind}, {data.get('date', DASH)}"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f"<title>{escape(title)} ({escape(subtitle)})</title>",
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{LEFT}" y="16" font-size="13">{escape(title)}</text>',
-           f'<text x="{LEFT}" y="31">{escape(subtitle)}</text>']
-    tops = {}
-    for row, (metric, label) in enumerate(PLOT_METRICS):
-        values = [c.get(metric) for c in view["windowed"] + view["ar"]]
-        top = nice_ceiling(max([v for v in values if v is not None] or [1.0]))
-        tops[metric] = top
+    axes = figure.subplots(len(PLOT_METRICS), len(windows), squeeze=False, sharey="row")
+    for row, (metric, label, digits) in enumerate(PLOT_METRICS):
+        values = [c[metric] for c in view["windowed"] + view["ar"] if c.get(metric) is not None]
+        top = 1.15 * max(values or [1.0])
         for col, window in enumerate(windows):
-            out += panel_frame(col, row, label, window, thresholds, top)
-
-    def xy(col, row, index, value):
-        x = LEFT + col * (PANEL_W + GAP_X) + (index + 0.5) * PANEL_W / len(thresholds)
-        y0 = TOP + row * (PANEL_H + GAP_Y)
-        y = y0 + PANEL_H - value / tops[PLOT_METRICS[row][0]] * PANEL_H
-        return x, y
-
-    for mode in view["modes"]:
-        color = mode_color(mode, view["modes"])
-        out.append(f'<g class="series" data-mode={quoteattr(mode)} stroke="{color}" '
-                   f'fill="{color}">')
-        for row, (metric, label) in enumerate(PLOT_METRICS):
-            for col, window in enumerate(windows):
+            axis = axes[row][col]
+            series = {}  # mode -> [(threshold index, value)]
+            for mode in view["modes"]:
+                color = mode_color(mode, view["modes"])
                 if mode == "ar":
-                    out += ar_line(view["ar"], metric, label, col, row, xy, len(thresholds))
+                    for case in view["ar"]:
+                        if case.get(metric) is None:
+                            continue
+                        axis.axhline(case[metric], color=color, linestyle="--", linewidth=2,
+                                     label="ar (no threshold)")
+                        axis.annotate(f"ar {case[metric]:.{digits}f}",
+                                      (len(thresholds) - 0.5, case[metric]),
+                                      textcoords="offset points", xytext=(-3, 3), ha="right",
+                                      fontsize=7, color=color)
                     continue
-                out += mode_points(view["windowed"], mode, window, thresholds, metric, label,
-                                   lambda i, v, c=col, r=row: xy(c, r, i, v))
-        out.append("</g>")
-    out += legend(view["modes"], height)
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+                points = []
+                for index, threshold in enumerate(thresholds):
+                    case = next((c for c in view["windowed"] if c["mode"] == mode
+                                 and c["window"] == window and c["threshold"] == threshold),
+                                None)
+                    if case is not None and case.get(metric) is not None:
+                        points.append((index, case[metric]))
+                if points:
+                    series[mode] = points
+                    axis.plot(*zip(*points), color=color, marker="o", linewidth=2, label=mode)
+            # each value beside its marker: the highest at a threshold above it, others below
+            for mode, points in series.items():
+                for x, y in points:
+                    highest = max((v for p in series.values() for i, v in p if i == x))
+                    first = next(m for m, p in series.items() if (x, highest) in p)
+                    above = y == highest and mode == first
+                    axis.annotate(f"{y:.{digits}f}", (x, y), textcoords="offset points",
+                                  xytext=(0, 6 if above else -11), ha="center", fontsize=7,
+                                  color=mode_color(mode, view["modes"]))
+            axis.set_title(f"{label}, W={window}" if window is not None else label,
+                           fontsize=10)
+            axis.set_xticks(range(len(thresholds)), [threshold_label(t) for t in thresholds])
+            axis.set_xlim(-0.5, len(thresholds) - 0.5)
+            axis.set_ylim(0, top)
+            axis.set_xlabel("entropy threshold (nats)")
+            axis.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="best")
+    name = (data.get("model") or {}).get("name", "model")
+    figure.suptitle(f"{name}: batch {view['batch']}, penalty {num(view['penalty'])}\n"
+                    f"{measurement(data)}, {data.get('date', DASH)}", fontsize=11)
 
 
-def mode_points(windowed, mode, window, thresholds, metric, label, xy) -> list[str]:
-    """A polyline through one mode's values in one panel, with a marker per point."""
-    points = []
-    for index, threshold in enumerate(thresholds):
-        case = next((c for c in windowed if c["mode"] == mode and c["window"] == window
-                     and c["threshold"] == threshold), None)
-        if case is not None and case.get(metric) is not None:
-            x, y = xy(index, case[metric])
-            note = (f"{mode} W={window} threshold {threshold_label(threshold)}: {label} "
-                    f"{case[metric]:.3f}")
-            points.append((x, y, note))
-    if not points:
-        return []
-    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points)
-    return [f'<polyline points="{coords}" fill="none" stroke-width="2"/>', *[
-        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3"><title>{escape(note)}</title></circle>'
-        for x, y, note in points]]
+# What a sweep plot is drawn by: a change to any of these makes every sweep plot stale.
+SWEEP_PLOT_CODE = (SERIES_COLORS, EXTRA_COLORS, PLOT_METRICS, PLOT_DPI, mode_color,
+                   threshold_label, sweep_plot_slice, sweep_plot_size, draw_sweep)
 
 
-def panel_frame(col, row, label, window, thresholds, top) -> list[str]:
-    x0 = LEFT + col * (PANEL_W + GAP_X)
-    y0 = TOP + row * (PANEL_H + GAP_Y)
-    heading = f"{label}, W={window}" if window is not None else label
-    out = [f'<g class="panel" data-metric={quoteattr(label)}>',
-           f'<text x="{x0}" y="{y0 - 8}" font-size="12">{escape(heading)}</text>',
-           f'<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{PANEL_H}" fill="none" '
-           f'stroke="#999999"/>']
-    for tick in range(5):
-        value = top * tick / 4
-        y = y0 + PANEL_H - PANEL_H * tick / 4
-        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + PANEL_W}" y2="{y:.1f}" '
-                   f'stroke="#eeeeee"/>')
-        out.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
-    for index, threshold in enumerate(thresholds):
-        x = x0 + (index + 0.5) * PANEL_W / len(thresholds)
-        out.append(f'<text x="{x:.1f}" y="{y0 + PANEL_H + 14}" text-anchor="middle">'
-                   f"{threshold_label(threshold)}</text>")
-    out.append(f'<text x="{x0 + PANEL_W / 2:.1f}" y="{y0 + PANEL_H + 30}" '
-               f'text-anchor="middle">entropy threshold (nats)</text>')
-    out.append("</g>")
-    return out
+def sweep_plot_digest(data: dict) -> str:
+    """SHA-256 of the sweep result and of the code that draws its plot: stored in the PNG
+    (:data:`PLOT_DIGEST_KEY`), so ``--check`` tells a current plot from a stale one without
+    matplotlib, and whatever matplotlib release drew it."""
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+    for part in SWEEP_PLOT_CODE:
+        digest.update((inspect.getsource(part) if callable(part) else repr(part)).encode())
+    return digest.hexdigest()
 
 
-def ar_line(ar_cases, metric, label, col, row, xy, count) -> list[str]:
-    out = []
-    for case in ar_cases:
-        if case.get(metric) is None:
-            continue
-        x1, y = xy(col, row, -0.5, case[metric])
-        x2, _ = xy(col, row, count - 0.5, case[metric])
-        out.append(f'<line x1="{x1:.1f}" y1="{y:.1f}" x2="{x2:.1f}" y2="{y:.1f}" '
-                   f'stroke-width="2" stroke-dasharray="6,4"><title>ar B={case["batch"]}: '
-                   f"{label} {case[metric]:.3f}</title></line>")
-    return out
+def write_sweep_plot(data: dict, path: Path) -> Path | str:
+    """The sweep's plot as a PNG at ``path`` (``common.save_plot``): ``path``, or the
+    reason there is none (e.g. ``common.NO_MATPLOTLIB``)."""
+    return save_plot(lambda figure: draw_sweep(figure, data), path,
+                     size=sweep_plot_size(data), dpi=PLOT_DPI,
+                     metadata={PLOT_DIGEST_KEY: sweep_plot_digest(data)})
 
 
-def legend(modes: list[str], height: int) -> list[str]:
-    out, x = [], LEFT
-    for mode in modes:
-        color = mode_color(mode, modes)
-        text = "ar (no threshold)" if mode == "ar" else mode
-        dash = ' stroke-dasharray="6,4"' if mode == "ar" else ""
-        out.append(f'<line x1="{x}" y1="{height - 12}" x2="{x + 24}" y2="{height - 12}" '
-                   f'stroke="{color}" stroke-width="2"{dash}/>')
-        out.append(f'<text x="{x + 30}" y="{height - 8}">{escape(text)}</text>')
-        x += 40 + 7 * len(text)
-    return out
+def sweep_plot_is_current(data: dict, path: Path) -> bool:
+    """Whether ``path`` is a PNG drawn from ``data`` by the current plot code."""
+    try:
+        return png_text(path).get(PLOT_DIGEST_KEY) == sweep_plot_digest(data)
+    except (OSError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------- the report
@@ -650,14 +632,14 @@ def relative(path: Path, out: Path) -> str:
     return Path(os.path.relpath(path, out.parent)).as_posix()
 
 
-def plot_files(path: Path, data, svgs: dict[Path, str]) -> list[Path]:
-    """Plots that belong to a result file: its ``plot`` entry and same-stem PNG/SVG files
-    (existing ones, or a sweep plot this run writes)."""
-    names = [path.with_suffix(".png").name, path.with_suffix(".svg").name]
+def plot_files(path: Path, data, plots: dict[Path, dict]) -> list[Path]:
+    """Plots that belong to a result file: its ``plot`` entry and the same-stem PNG
+    (existing ones, or a sweep plot of this report)."""
+    names = [path.with_suffix(".png").name]
     if isinstance(data.get("plot"), str):
         names.insert(0, Path(data["plot"]).name)
     candidates = [path.parent / name for name in ordered_union([names])]
-    return [p for p in candidates if p.exists() or p in svgs]
+    return [p for p in candidates if p.exists() or p in plots]
 
 
 def is_pytest_benchmark(data) -> bool:
@@ -698,7 +680,7 @@ def body_lines(data: dict, plot_link: str | None) -> list[str]:
 
 
 def section(path: Path, data, error: str | None, out: Path,
-            svgs: dict[Path, str]) -> tuple[list[str], list[Path]]:
+            sweep_plots: dict[Path, dict]) -> tuple[list[str], list[Path]]:
     """A result file's section and the plots it links."""
     name = relative(path, out)
     title = f"## {path.parent.name}/{path.name}"
@@ -708,7 +690,7 @@ def section(path: Path, data, error: str | None, out: Path,
         if error is None:
             lines += key_value_table({"value": data}) + [""]
         return lines, []
-    plots = plot_files(path, data, svgs)
+    plots = plot_files(path, data, sweep_plots)
     links = [f"[JSON]({name})"]
     if path.with_suffix(".md").exists():
         links.append(f"[Markdown]({relative(path.with_suffix('.md'), out)})")
@@ -725,10 +707,11 @@ def section(path: Path, data, error: str | None, out: Path,
     return [*lines, ""], plots
 
 
-def render(results: Path, out: Path) -> tuple[str, dict[Path, str]]:
-    """REPORT.md's text and the SVG plots of the sweep results, from ``results/*/*.json``."""
+def render(results: Path, out: Path) -> tuple[str, dict[Path, dict]]:
+    """REPORT.md's text, and the sweep plots it shows (``{png path: sweep result}``), from
+    ``results/*/*.json``. Needs no matplotlib: the plots are drawn by :func:`main`."""
     files = sorted(results.glob("*/*.json"))
-    loaded, svgs = [], {}
+    loaded, sweep_plots = [], {}
     for path in files:
         try:
             data, error = json.loads(path.read_text()), None
@@ -737,9 +720,10 @@ def render(results: Path, out: Path) -> tuple[str, dict[Path, str]]:
         loaded.append((path, data, error))
         if is_sweep(data):
             try:
-                svgs[path.with_suffix(".svg")] = sweep_svg(data)
+                sweep_plot_slice(data)
             except Exception:  # noqa: BLE001 - no plot for a sweep file of another shape
-                pass
+                continue
+            sweep_plots[path.with_suffix(".png")] = data
     lines = [
         "# Benchmark report",
         "",
@@ -759,17 +743,16 @@ def render(results: Path, out: Path) -> tuple[str, dict[Path, str]]:
                       cell(data.get("date", DASH)) if ok else DASH])
     lines += [*markdown_table(["result file", "benchmark", "device", "measurement", "date"],
                               index), ""]
-    linked = set(svgs)
+    linked = set(sweep_plots)
     for path, data, error in loaded:
-        body, plots = section(path, data, error, out, svgs)
+        body, plots = section(path, data, error, out, sweep_plots)
         lines += body
         linked.update(plots)
-    others = sorted(p for suffix in ("png", "svg") for p in results.glob(f"*/*.{suffix}")
-                    if p not in linked)
+    others = sorted(p for p in results.glob("*/*.png") if p not in linked)
     if others:
         lines += ["## Other plots", "",
                   *[f"- [{p.parent.name}/{p.name}]({relative(p, out)})" for p in others], ""]
-    return "\n".join(lines).rstrip("\n") + "\n", svgs
+    return "\n".join(lines).rstrip("\n") + "\n", sweep_plots
 
 
 def anchor(path: Path, data) -> str:
@@ -793,11 +776,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    text, svgs = render(args.results, args.out)
-    expected = {args.out: text, **svgs}
+    text, sweep_plots = render(args.results, args.out)
+    stale_plots = [path for path, data in sweep_plots.items()
+                   if not sweep_plot_is_current(data, path)]
     if args.check:
-        stale = [path for path, content in expected.items()
-                 if not path.exists() or path.read_text() != content]
+        stale = [path for path in [args.out] if not path.exists() or path.read_text() != text]
+        stale += stale_plots
         for path in stale:
             print(f"out of date: {path}")
         if stale:
@@ -805,9 +789,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"{args.out} is up to date")
         return 0
-    for path, content in expected.items():
-        path.write_text(content)
-    print(f"wrote {args.out}" + (f" and {len(svgs)} plot(s)" if svgs else ""))
+    args.out.write_text(text)
+    missing = []
+    for path in stale_plots:
+        outcome = write_sweep_plot(sweep_plots[path], path)
+        if isinstance(outcome, str):
+            missing.append(path)
+            print(f"{path} not written: {outcome}")
+    drawn = len(stale_plots) - len(missing)
+    print(f"wrote {args.out}" + (f" and {drawn} plot(s)" if drawn else ""))
+    if missing:
+        print("the report shows plots that are missing or stale: install the bench extra "
+              "(pip install -c constraints.txt -e \".[bench]\") and run it again")
+        return 1
     return 0
 
 

@@ -384,14 +384,16 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def write_plot(report: dict, path: Path) -> str:
-    plt = common.pyplot()
-    if plt is None:
-        return "matplotlib is not installed: no plot"
-    mode = report["modes"][0]
+def write_plot(report: dict, path: Path) -> Path | str:
+    """µs against the mask rows, one panel per parameter set (``common.save_plot``)."""
     count = len(report["parameters"])
-    figure, axes = plt.subplots(1, count, figsize=(4.5 * count, 4.5), squeeze=False)
-    axes = axes[0]
+    return common.save_plot(lambda figure: draw_plot(figure, report), path,
+                            size=(4.5 * count, 4.5))
+
+
+def draw_plot(figure, report: dict) -> None:
+    mode = report["modes"][0]
+    axes = figure.subplots(1, len(report["parameters"]), squeeze=False)[0]
     colors = {"triton": "C0", "torch": "C1", "engine": "C2"}
     for axis, (name, result) in zip(axes, report["parameters"].items()):
         for impl, color in colors.items():
@@ -408,10 +410,6 @@ def write_plot(report: dict, path: Path) -> str:
             axis.legend(fontsize=8)
     figure.suptitle(f"{report['device']['name']}: select_tokens, V = "
                     f"{report['shapes']['vocab']}, {report['date']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path.name
 
 
 SUMMARY_ROWS = (1, 16, 256, 1024)

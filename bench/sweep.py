@@ -18,10 +18,11 @@ tokens per forward, p_cache, wall seconds (median of ``--repeats`` after one war
 tokens per second and the speed-up over AR at the same batch size (ratio of tokens per
 second). A threshold of ``none`` selects one token per step. ``--quick`` shrinks the grid to
 batch sizes 1 and 4, window 8, thresholds 0.4 and none, 16 new tokens and one timed run
-(explicit grid options still win). Results: ``sweep_<model>.json``, a Markdown table ``sweep_<model>.md`` and a plot
-``sweep_<model>.svg`` in ``--out-dir`` (default ``bench/results/<device-slug>/``). On CPU
-every figure is labelled a CPU measurement. ``python -m bench.report`` then folds the JSON
-into ``bench/REPORT.md``.
+(explicit grid options still win). Results: ``sweep_<model>.json``, a Markdown table
+``sweep_<model>.md`` and a plot ``sweep_<model>.png`` (where matplotlib is installed; else
+``python -m bench.report`` draws it from the JSON later) in ``--out-dir`` (default
+``bench/results/<device-slug>/``). On CPU every figure is labelled a CPU measurement.
+``python -m bench.report`` then folds the JSON into ``bench/REPORT.md``.
 
 ``--model random:SHAPE-LOGITS`` decodes a model built on the device with random weights
 instead of a checkpoint: SHAPE ``qwen3-8b`` (the sizes of Qwen3-8B, bf16 on CUDA) or ``tiny``,
@@ -51,7 +52,7 @@ from pathlib import Path
 import torch
 
 from bench import common, decode_step
-from bench.report import sweep_markdown, sweep_svg
+from bench.report import sweep_markdown, write_sweep_plot
 from model_min import Generator, SamplingParams, auto_window, load_model, load_tokenizer
 from model_min.generator import parse_threshold
 from model_min.loader import checkpoint_files
@@ -379,11 +380,13 @@ def pick_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def write_outputs(report: dict, json_path: Path) -> None:
-    """The JSON, its Markdown table (.md) and its plot (.svg), side by side."""
+def write_outputs(report: dict, json_path: Path) -> Path | str:
+    """The JSON, its Markdown table (.md) and its plot (.png), side by side; returns the
+    plot's path, or why it was not drawn (``common.save_plot``; the Markdown links the PNG
+    all the same, which ``python -m bench.report`` draws from the JSON)."""
     common.write_json(json_path, report)
     json_path.with_suffix(".md").write_text(sweep_markdown(report))
-    json_path.with_suffix(".svg").write_text(sweep_svg(report))
+    return write_sweep_plot(report, json_path.with_suffix(".png"))
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -457,8 +460,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         common.write_json(json_path, report_of(complete=False))  # kept if the run is cut
     add_speedups(cases)
     report = report_of(complete=True)
-    write_outputs(report, json_path)
-    print(f"{tag} wrote {json_path} (+ .md, .svg) in {report['wall_seconds']} s")
+    plot = write_outputs(report, json_path)
+    drawn = ".png" if isinstance(plot, Path) else f"no .png: {plot}"
+    print(f"{tag} wrote {json_path} (+ .md, {drawn}) in {report['wall_seconds']} s")
     return report
 
 

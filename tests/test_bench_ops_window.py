@@ -19,6 +19,7 @@ import torch
 from bench import common
 from bench import ops_window as ow
 from bench.common import Timing
+from tests.plot_checks import assert_png, hide_matplotlib, needs_matplotlib
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,25 @@ def test_cpu_smoke_markdown_has_a_table_per_op_and_no_gpu_figure(smoke):
     torch_us = case["timings"]["torch"]["cpu"]["median_us"]
     assert f"| {case['params']['tokens']} | {case['params']['page_size']} |" in markdown
     assert f"{torch_us:.1f}" in markdown
-    assert report["plot"] in ("ops_window.png", "matplotlib is not installed: no plot")
+
+
+@needs_matplotlib
+def test_cpu_smoke_plot_is_a_png_named_in_the_report(smoke):
+    _, report, markdown, out_dir = smoke
+    assert report["plot"] == "ops_window.png"
+    assert_png(out_dir / "ops_window.png", size=(12 * 110, 9 * 110))
+    assert "- **plot**: ops_window.png" in markdown
+
+
+def test_without_matplotlib_a_run_completes_and_names_why_there_is_no_plot(tmp_path,
+                                                                          monkeypatch):
+    """As on the GPU machine of bench/gpu_check.sh, which has no matplotlib."""
+    hide_matplotlib(monkeypatch)
+    assert ow.main(["--cpu-smoke", "--quick", "--out-dir", str(tmp_path)]) == 0
+    report, markdown = load(tmp_path)
+    assert report["complete"] and report["plot"] == common.NO_MATPLOTLIB
+    assert "summary" in report and f"- **plot**: {common.NO_MATPLOTLIB}" in markdown
+    assert not (tmp_path / "ops_window.png").exists()
 
 
 def test_rope_bytes_model_counts_each_input_once_and_each_output_once():

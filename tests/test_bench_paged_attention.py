@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import common
 from bench import paged_attention as pa
 from bench.common import Timer
+from tests.plot_checks import assert_png, hide_matplotlib, needs_matplotlib
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,6 +72,21 @@ def test_cpu_smoke_runs_every_case_with_both_implementations_and_sdpa(smoke):
         assert set(case["check"]) == {f"{impl}_vs_sdpa" for impl in IMPLS - {"sdpa"}}
     assert "## Decode windows, mode `cpu`" in markdown and "## Prefill, mode `cpu`" in markdown
     assert "no GPU figure" in markdown
+
+
+@needs_matplotlib
+def test_cpu_smoke_plot_is_a_png_named_in_the_report(smoke):
+    _, report, markdown, out_dir = smoke
+    assert report["plot"] == "paged_attention.png"
+    assert_png(out_dir / "paged_attention.png", size=(13 * 110, 5 * 110))
+    assert "- **plot**: paged_attention.png" in markdown
+
+
+def test_plot_without_matplotlib_is_the_reason_not_an_error(smoke, tmp_path, monkeypatch):
+    _, report, _, _ = smoke
+    hide_matplotlib(monkeypatch)
+    assert pa.write_plot(report, tmp_path / "paged_attention.png") == common.NO_MATPLOTLIB
+    assert not (tmp_path / "paged_attention.png").exists()
 
 
 def test_derived_rates_follow_from_the_models_and_the_medians(smoke):

@@ -20,6 +20,7 @@ import torch
 from bench import common
 from bench import select_tokens as bench
 from tests.numerics import ENTROPY_TOLERANCE
+from tests.plot_checks import assert_png, hide_matplotlib, needs_matplotlib
 from tests.select_inputs import batch
 from wedlm_kernels.ops.select import select_tokens_torch
 
@@ -73,6 +74,22 @@ def test_cpu_smoke_times_every_case_of_every_parameter_set(smoke):
             assert case["speedup"] == {} and case["check"] == {}
     assert markdown.count("| rows | B × rows |") == 5
     assert "CPU smoke run" in markdown
+
+
+@needs_matplotlib
+def test_cpu_smoke_plot_is_a_png_with_a_panel_per_parameter_set(smoke):
+    _, report, markdown, out_dir = smoke
+    assert report["plot"] == "select_tokens.png"
+    count = len(report["parameters"])
+    assert_png(out_dir / "select_tokens.png", size=(round(4.5 * count * 110), round(4.5 * 110)))
+    assert "- **plot**: select_tokens.png" in markdown
+
+
+def test_plot_without_matplotlib_is_the_reason_not_an_error(smoke, tmp_path, monkeypatch):
+    _, report, _, _ = smoke
+    hide_matplotlib(monkeypatch)
+    assert bench.write_plot(report, tmp_path / "select_tokens.png") == common.NO_MATPLOTLIB
+    assert not (tmp_path / "select_tokens.png").exists()
 
 
 def test_cpu_smoke_derived_figures_follow_from_the_medians(smoke):

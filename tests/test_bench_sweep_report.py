@@ -4,18 +4,18 @@
 import json
 import shutil
 import statistics
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
 
+from bench import common
 from bench import report as bench_report
 from bench.common import fmt_rate
 from bench.sweep import main as sweep_main
 from bench.tiny_models import build_tiny_model, save_checkpoint
+from tests.plot_checks import assert_png, hide_matplotlib, needs_matplotlib
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
-SVG = "{http://www.w3.org/2000/svg}"
 PROMPTS = ["count: 41 42 43", "the quick fox", "days: monday, tuesday"]
 
 
@@ -120,20 +120,75 @@ def test_random_model_names_are_checked():
         sweep_main(["--model", "random:qwen3-9b-flat", "--quick"])
 
 
-def test_sweep_plot_is_well_formed_svg_with_one_series_per_mode(sweep):
+def png_size(data: dict) -> tuple[int, int]:
+    width, height = bench_report.sweep_plot_size(data)
+    return round(width * bench_report.PLOT_DPI), round(height * bench_report.PLOT_DPI)
+
+
+@needs_matplotlib
+def test_sweep_writes_a_png_that_names_the_json_it_was_drawn_from(sweep):
     report, path = sweep
-    root = ElementTree.parse(path.with_suffix(".svg")).getroot()
-    assert root.tag == f"{SVG}svg"
-    series = [g for g in root.iter(f"{SVG}g") if g.get("class") == "series"]
-    assert sorted(g.get("data-mode") for g in series) == ["ar", "blockwise", "streaming"]
-    largest = max(report["params"]["batch_sizes"])
-    for group in series:
-        mode = group.get("data-mode")
-        points = [c for c in report["cases"] if c["mode"] == mode and c["batch"] == largest]
-        if mode == "ar":  # a flat line per metric panel
-            assert len(group.findall(f"{SVG}line")) == 2 * len(report["params"]["windows"])
-        else:  # a marker per threshold, window and metric (tokens / forward, p_cache)
-            assert len(group.findall(f"{SVG}circle")) == 2 * len(points)
+    png = path.with_suffix(".png")
+    text = assert_png(png, size=png_size(report))
+    assert text[bench_report.PLOT_DIGEST_KEY] == bench_report.sweep_plot_digest(report)
+    assert bench_report.sweep_plot_is_current(report, png)
+    changed = json.loads(json.dumps(report))
+    changed["cases"][0]["p_cache"] /= 2
+    assert not bench_report.sweep_plot_is_current(changed, png)
+    assert "](sweep_tiny.png)" in path.with_suffix(".md").read_text()
+
+
+@needs_matplotlib
+def test_sweep_plot_has_a_panel_per_metric_and_window_and_a_series_per_mode(sweep):
+    """The largest batch: per metric and window a line per windowed mode through its value
+    at each threshold (printed beside each marker), and AR's value as a dashed line."""
+    from matplotlib.figure import Figure
+
+    report, _ = sweep
+    figure = Figure()
+    bench_report.draw_sweep(figure, report)
+    params, largest = report["params"], max(report["params"]["batch_sizes"])
+    thresholds = sorted(params["thresholds"], key=lambda t: (t is not None, t or 0.0))
+    assert len(figure.axes) == len(bench_report.PLOT_METRICS) * len(params["windows"])
+    axes = iter(figure.axes)
+    for metric, label, digits in bench_report.PLOT_METRICS:
+        for window in params["windows"]:
+            axis = next(axes)
+            assert axis.get_title() == f"{label}, W={window}"
+            assert [t.get_text() for t in axis.get_xticklabels()] == [
+                "none" if t is None else f"{t:g}" for t in thresholds]
+            lines = {line.get_label(): line for line in axis.get_lines()}
+            assert set(lines) == {"streaming", "blockwise", "ar (no threshold)"}
+            shown = []
+            for mode in ("streaming", "blockwise"):
+                cases = {c["threshold"]: c[metric] for c in report["cases"]
+                         if (c["mode"], c["batch"], c["window"]) == (mode, largest, window)}
+                expected = [cases[t] for t in thresholds]
+                assert list(lines[mode].get_ydata()) == expected
+                assert list(lines[mode].get_xdata()) == list(range(len(thresholds)))
+                shown += [f"{v:.{digits}f}" for v in expected]
+            (ar,) = [c[metric] for c in report["cases"]
+                     if c["mode"] == "ar" and c["batch"] == largest]
+            assert lines["ar (no threshold)"].get_linestyle() == "--"
+            assert list(lines["ar (no threshold)"].get_ydata()) == [ar, ar]
+            shown.append(f"ar {ar:.{digits}f}")
+            assert sorted(t.get_text() for t in axis.texts) == sorted(shown)
+    assert f"batch {largest}" in figure.get_suptitle()
+    assert "CPU measurement" in figure.get_suptitle()
+    assert report["date"] in figure.get_suptitle()
+
+
+def test_sweep_plot_without_matplotlib_is_the_reason_and_the_run_still_writes(
+        sweep, tmp_path, monkeypatch):
+    report, _ = sweep
+    hide_matplotlib(monkeypatch)
+    json_path = tmp_path / "sweep_tiny.json"
+    from bench.sweep import write_outputs
+
+    assert write_outputs(report, json_path) == common.NO_MATPLOTLIB
+    assert json.loads(json_path.read_text()) == json.loads(json.dumps(report))
+    assert "](sweep_tiny.png)" in json_path.with_suffix(".md").read_text()
+    assert not json_path.with_suffix(".png").exists()
 
 
 def a_figure(data: dict) -> str:
@@ -177,6 +232,7 @@ def results_copy(sweep, tmp_path):
     return results
 
 
+@needs_matplotlib
 def test_report_shows_each_file_with_its_date_command_and_figures(results_copy, tmp_path):
     out = tmp_path / "REPORT.md"
     assert bench_report.main(["--results", str(results_copy), "--out", str(out)]) == 0
@@ -202,9 +258,9 @@ def test_report_shows_each_file_with_its_date_command_and_figures(results_copy, 
     sweep = json.loads((results_copy / "cpu" / "sweep_tiny.json").read_text())
     for case in sweep["cases"]:
         assert f"| {case['tokens_per_second']:.1f} | {case['speedup_over_ar']:.2f}× |" in text
-    svg = results_copy / "cpu" / "sweep_tiny.svg"
-    ElementTree.parse(svg)
-    assert "](results/cpu/sweep_tiny.svg)" in text
+    assert_png(results_copy / "cpu" / "sweep_tiny.png", size=png_size(sweep))
+    assert "](results/cpu/sweep_tiny.png)" in text
+    assert "svg" not in text
     for png in results_copy.glob("*/*.png"):
         assert f"](results/{png.parent.name}/{png.name})" in text
 
@@ -229,7 +285,8 @@ def test_unknown_shapes_fall_back_to_a_key_value_table(tmp_path):
     assert "JSONDecodeError" in text
 
 
-def test_check_fails_when_the_report_or_a_plot_is_stale(results_copy, tmp_path):
+@needs_matplotlib
+def test_check_fails_when_the_report_or_a_plot_is_stale(results_copy, tmp_path, capsys):
     out = tmp_path / "REPORT.md"
     args = ["--results", str(results_copy), "--out", str(out)]
     assert bench_report.main(args + ["--check"]) == 1  # nothing written yet
@@ -239,10 +296,18 @@ def test_check_fails_when_the_report_or_a_plot_is_stale(results_copy, tmp_path):
     out.write_text(fresh.replace("|", "!", 1))
     assert bench_report.main(args + ["--check"]) == 1
     out.write_text(fresh)
-    svg = results_copy / "cpu" / "sweep_tiny.svg"
-    svg.write_text(svg.read_text() + "<!-- edited -->\n")
+    png = results_copy / "cpu" / "sweep_tiny.png"
+    drawn = png.read_bytes()
+    # a whole PNG, but drawn from another result (the committed sweep's)
+    shutil.copy(results_copy / "cpu" / "sweep_tiny_wedlm.png", png)
+    capsys.readouterr()
     assert bench_report.main(args + ["--check"]) == 1
+    assert capsys.readouterr().out.startswith(f"out of date: {png}\n")
     assert bench_report.main(args) == 0
+    assert png.read_bytes() == drawn  # redrawn the same: the drawing is deterministic
+    png.unlink()
+    assert bench_report.main(args + ["--check"]) == 1
+    assert bench_report.main(args) == 0 and png.exists()
     sweep = results_copy / "cpu" / "sweep_tiny.json"
     data = json.loads(sweep.read_text())
     data["cases"][0]["tokens_per_second"] *= 2
@@ -250,5 +315,41 @@ def test_check_fails_when_the_report_or_a_plot_is_stale(results_copy, tmp_path):
     assert bench_report.main(args + ["--check"]) == 1
 
 
-def test_the_committed_report_is_up_to_date_with_the_committed_results():
+@needs_matplotlib
+def test_a_current_plot_is_not_redrawn_so_the_report_needs_no_matplotlib_then(
+        results_copy, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "REPORT.md"
+    args = ["--results", str(results_copy), "--out", str(out)]
+    assert bench_report.main(args) == 0
+    png = results_copy / "cpu" / "sweep_tiny.png"
+    before = png.stat().st_mtime_ns
+    hide_matplotlib(monkeypatch)
+    out.unlink()
+    capsys.readouterr()
+    assert bench_report.main(args) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    assert out.exists() and png.stat().st_mtime_ns == before
+    assert bench_report.main(args + ["--check"]) == 0
+
+
+def test_report_without_matplotlib_writes_the_text_says_why_no_plot_and_exits_1(
+        results_copy, tmp_path, monkeypatch, capsys):
+    hide_matplotlib(monkeypatch)
+    out = tmp_path / "REPORT.md"
+    png = results_copy / "cpu" / "sweep_tiny.png"
+    data = json.loads((results_copy / "cpu" / "sweep_tiny.json").read_text())
+    assert bench_report.write_sweep_plot(data, png) == common.NO_MATPLOTLIB
+    capsys.readouterr()
+    assert bench_report.main(["--results", str(results_copy), "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert f"{png} not written: matplotlib is not installed: no plot" in printed
+    assert "## cpu/sweep_tiny.json" in out.read_text() and not png.exists()
+
+
+@pytest.mark.parametrize("matplotlib", ["installed", "unimportable"])
+def test_the_committed_report_is_up_to_date_with_the_committed_results(matplotlib,
+                                                                        monkeypatch):
+    """``--check`` reads the digest in the committed PNG: it needs no matplotlib."""
+    if matplotlib == "unimportable":
+        hide_matplotlib(monkeypatch)
     assert bench_report.main(["--check"]) == 0, "run `python -m bench.report`"

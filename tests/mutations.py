@@ -557,11 +557,40 @@ VLLM_MUTATIONS = [
     ),
     Mutation(
         "vllm-resumed-request-restarts-at-the-prompt", VLLM_STATE,
-        (("        self.ctx_len[slot].fill_(len(tokens))\n",
-          "        self.ctx_len[slot].fill_(len(prompt))\n"),),
+        (('"ctx_len": len(tokens),', '"ctx_len": len(prompt),'),),
         ("tests/vllm_plugin/test_vllm_requests.py",), "a request resumed after preemption "
         "places its window right after the prompt, over its committed tokens",
         keyword="preempted",
+    ),
+    Mutation(
+        "vllm-preempted-request-loses-its-window", VLLM_STATE,
+        (('self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled")',
+          "self._window_columns = columns()"),),
+        ("tests/vllm_plugin/test_vllm_requests.py",), "a resumed request restarts its window "
+        "from its committed tokens: the filled, uncommitted slots it left are lost",
+        keyword="preempted",
+    ),
+    Mutation(
+        "vllm-live-canvas-reports-the-fixed-canvas", VLLM_STATE,
+        (("        if not self.live_canvas:\n            return drafts\n",
+          "        return drafts\n"),),
+        ("tests/vllm_plugin/test_vllm_canvas.py",), "vLLM keeps scheduling 2W rows per "
+        "request: the padding is back", keyword="live_canvas",
+    ),
+    Mutation(
+        "vllm-cut-window-never-refills", VLLM_STATE,
+        (("        new_len = torch.where(stepped & ~finished & (new_len < grown), grown, "
+          "new_len)\n", ""),),
+        ("tests/vllm_plugin/test_vllm_async.py",), "a window the canvas cut short shrinks "
+        "and, at max_model_len under asynchronous scheduling, reaches 0 live slots (must "
+        "fail by the progress guard, not spin)", keyword="max_model_len",
+        expect="NoProgressError",
+    ),
+    Mutation(
+        "vllm-admission-skips-the-stop-ids", VLLM_STATE,
+        (("        packed[first: first + len(stops)] = stops\n", ""),),
+        (VLLM_DECODING,), "a request's stop ids are never staged: the device never stops "
+        "on eos or a stop id", keyword="stop",
     ),
 ]
 # A request value the device cannot hold must be refused in the frontend: with a bound

@@ -6,7 +6,7 @@ import pytest
 from vllm import SamplingParams
 
 import model_min
-from wedlm_kernels.integrations.vllm import request_stats, row_stats
+from wedlm_kernels.integrations.vllm import request_stats
 
 from .conftest import WINDOW
 
@@ -141,13 +141,3 @@ def test_a_stop_string_ends_the_request_where_vllm_finds_it(engine, reference):
     assert output.outputs[0].text == text[: text.index(stop)]
     tokens = list(output.outputs[0].token_ids)
     assert tokens == full[: len(tokens)] and len(tokens) < len(full)
-
-
-def test_rows_fed_count_the_fixed_canvas_and_live_rows_the_window(engine):
-    before = row_stats(engine)
-    vllm_generate(engine, PROMPTS[:2], SamplingParams(max_tokens=12, temperature=0,
-                                                      ignore_eos=True))
-    after = row_stats(engine)
-    fed = after["rows_fed"] - before["rows_fed"]
-    live = after["live_rows"] - before["live_rows"]
-    assert fed % (2 * WINDOW) == 0 and 0 < live < fed

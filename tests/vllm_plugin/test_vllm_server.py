@@ -147,6 +147,45 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client):
                                      temperature=0).choices[0].text is not None
 
 
+def diffusion_counters(server: str) -> dict[str, float]:
+    """The ``vllm:diffusion_*_total`` counters of the server's ``/metrics``."""
+    with urllib.request.urlopen(f"{server.removesuffix('/v1')}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name.startswith("vllm:diffusion_") and name.endswith("_total"):
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def test_the_diffusion_metrics_count_forwards_rows_and_committed_tokens(client, server,
+                                                                        reference):
+    # vLLM's diffusion counters, read as WeDLM's: denoising steps are the requests'
+    # forwards, canvas positions the rows fed (with the live canvas: the live rows), and
+    # committed tokens the tokens; committed / steps is tokens per forward
+    model, _ = reference
+    prompts = [list(b"def add(a, b):\n    return"), list(b"x = 1\n"), [1, 2, 3]]
+    generator = model_min.Generator(model, window=WINDOW)
+    want = [generator.generate([prompt], model_min.SamplingParams(max_new_tokens=20))[0]
+            for prompt in prompts]
+    before = diffusion_counters(server)
+    for prompt in prompts:  # one at a time: the steps are each request's own
+        client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=20,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    expected = {"vllm:diffusion_num_committed_tokens_total": 20 * len(prompts),
+                "vllm:diffusion_num_denoising_steps_total": sum(r.forwards for r in want),
+                "vllm:diffusion_num_canvas_positions_total": sum(r.rows for r in want)}
+    deadline = time.monotonic() + 10  # the frontend counts each step's stats as they arrive
+    while True:
+        after = diffusion_counters(server)
+        got = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in expected}
+        if got == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got == expected
+
+
 # ------------------------------------------------------------------ no request stops it
 
 

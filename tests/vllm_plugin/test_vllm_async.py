@@ -1,0 +1,110 @@
+"""vLLM's asynchronous scheduling (its default on a GPU) on the CPU: the CPU platform turns
+it off (``CpuPlatform.check_and_update_config``), so this module's engine turns it back on
+after that hook, test-only. vLLM then runs ``DiffusionAsyncScheduler`` and the engine
+core's batch queue: each step is scheduled while the previous one is still in flight (its
+canvas rows as placeholders), so a request can finish with a step in flight, and the
+canvas is the fixed 2W rows (the live count would be a step stale). The decoding must
+still equal model_min's token for token, up to the last 4W positions before max_model_len,
+where vLLM trims a canvas by the rows still in flight (docs/vllm.md, "Asynchronous
+scheduling"); the requests here end before those, but the one that runs into the limit."""
+
+import pytest
+from vllm import SamplingParams
+from vllm.platforms import current_platform
+
+import model_min
+from wedlm_kernels.integrations.vllm import row_stats
+
+from .conftest import WINDOW
+from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+
+MAX_MODEL_LEN = 80
+# vLLM trims a canvas below the window only past this position: L + 2 canvases > the limit
+UNCUT = MAX_MODEL_LEN - 4 * WINDOW
+
+
+@pytest.fixture(scope="module")
+def async_engine(engines):
+    platform = type(current_platform)
+    vllm_hook = platform.check_and_update_config.__func__
+
+    def keep_async_scheduling(cls, vllm_config):
+        vllm_hook(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = True
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(platform, "check_and_update_config", classmethod(keep_async_scheduling))
+        with engines.own(max_model_len=MAX_MODEL_LEN) as llm:
+            patch.undo()
+            config = llm.llm_engine.vllm_config.scheduler_config
+            assert config.async_scheduling and config.scheduler_cls.endswith(
+                "DiffusionAsyncScheduler")
+            yield llm
+
+
+def test_greedy_and_seeded_equal_model_min(async_engine, reference):
+    greedy = vllm_generate(async_engine, PROMPTS, SamplingParams(
+        max_tokens=22, temperature=0, ignore_eos=True))  # the longest prompt: 26 + 22 = UNCUT
+    assert greedy == reference_generate(reference, PROMPTS,
+                                        model_min.SamplingParams(max_new_tokens=22))
+    seeds = [11, 12, 13, 2**40 + 7]
+    seeded = vllm_generate(async_engine, PROMPTS, [SamplingParams(
+        max_tokens=24, temperature=0.9, top_k=12, top_p=0.95, seed=seed, ignore_eos=True)
+        for seed in seeds])
+    assert seeded == reference_generate(reference, PROMPTS, [model_min.SamplingParams(
+        max_new_tokens=24, temperature=0.9, top_k=12, top_p=0.95, seed=seed)
+        for seed in seeds])
+
+
+def test_blockwise_and_mixed_settings_equal_model_min(async_engine, reference):
+    settings = [
+        {"wedlm_mode": "blockwise"},
+        {"wedlm_mode": "blockwise", "wedlm_window": 4},
+        {"wedlm_window": 5, "wedlm_distance_penalty": 0.1},
+        {"wedlm_entropy_threshold": None},
+    ]
+    got = vllm_generate(async_engine, PROMPTS, [SamplingParams(
+        max_tokens=20, temperature=0, ignore_eos=True, extra_args=extra) for extra in settings])
+    for prompt, extra, result in zip(PROMPTS, settings, got):
+        want = reference_generate(
+            reference, [prompt],
+            model_min.SamplingParams(max_new_tokens=20,
+                                     threshold=extra.get("wedlm_entropy_threshold", 0.4),
+                                     penalty=extra.get("wedlm_distance_penalty", 0.02)),
+            mode=extra.get("wedlm_mode", "streaming"), window=extra.get("wedlm_window", WINDOW))
+        assert [result] == want, extra
+
+
+def test_stop_ids_and_eos_end_requests_with_a_step_in_flight(async_engine, reference):
+    # each request stops at its tenth token while its next step is already scheduled
+    greedy = reference_generate(reference, PROMPTS, model_min.SamplingParams(max_new_tokens=30))
+    stops = [[tokens[9]] for tokens, _, _ in greedy]
+    got = vllm_generate(async_engine, PROMPTS, [SamplingParams(
+        max_tokens=30, temperature=0, stop_token_ids=s) for s in stops])
+    eos = 256  # config.json's eos_token_id
+    assert got == reference_generate(reference, PROMPTS, [model_min.SamplingParams(
+        max_new_tokens=30, stop_token_ids=(eos, *s)) for s in stops])
+    assert all(len(tokens) <= 10 for tokens, _, _ in got)
+
+
+def test_requests_decode_to_max_model_len_without_spinning(async_engine, reference):
+    # max_tokens None: up to max_model_len, where vLLM trims the canvas by the rows in
+    # flight; a cut window must refill (it used to shrink to 0 live slots and spin here)
+    got = vllm_generate(async_engine, PROMPTS, SamplingParams(max_tokens=None, temperature=0,
+                                                              ignore_eos=True))
+    for prompt, (tokens, _, _) in zip(PROMPTS, got):
+        want = reference_generate(reference, [prompt], model_min.SamplingParams(
+            max_new_tokens=MAX_MODEL_LEN - len(prompt)))[0][0]
+        assert len(prompt) + len(tokens) == MAX_MODEL_LEN
+        assert tokens[: UNCUT - len(prompt)] == want[: UNCUT - len(prompt)]
+
+
+def test_asynchronous_scheduling_feeds_the_fixed_canvas(async_engine):
+    before = row_stats(async_engine)
+    got = vllm_generate(async_engine, PROMPTS, SamplingParams(
+        max_tokens=22, temperature=0, ignore_eos=True))
+    after = row_stats(async_engine)
+    fed = after["rows_fed"] - before["rows_fed"]
+    live = after["live_rows"] - before["live_rows"]
+    # every step 2W rows per request, a step past each request's end included
+    assert fed % (2 * WINDOW) == 0 and live == sum(rows for _, _, rows in got) < fed

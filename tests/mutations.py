@@ -575,7 +575,7 @@ VLLM_MUTATIONS = [
         (("        if not self.live_canvas:\n            return drafts\n",
           "        return drafts\n"),),
         ("tests/vllm_plugin/test_vllm_canvas.py",), "vLLM keeps scheduling 2W rows per "
-        "request: the padding is back", keyword="live_canvas",
+        "request: the padding is back", keyword="live_canvas and greedy",
     ),
     Mutation(
         "vllm-cut-window-never-refills", VLLM_STATE,
@@ -585,12 +585,6 @@ VLLM_MUTATIONS = [
         "and, at max_model_len under asynchronous scheduling, reaches 0 live slots (must "
         "fail by the progress guard, not spin)", keyword="max_model_len",
         expect="NoProgressError",
-    ),
-    Mutation(
-        "vllm-admission-skips-the-stop-ids", VLLM_STATE,
-        (("        packed[first: first + len(stops)] = stops\n", ""),),
-        (VLLM_DECODING,), "a request's stop ids are never staged: the device never stops "
-        "on eos or a stop id", keyword="stop",
     ),
 ]
 # A request value the device cannot hold must be refused in the frontend: with a bound
@@ -632,8 +626,9 @@ VLLM_MUTATIONS += [
     ),
     Mutation(
         "vllm-stop-ids-without-room-for-eos", VLLM_STATE,
-        (("        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids) + 1",
-          "        self.num_stop_ids = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids)"),),
+        (("        self.num_stop_ids = stops = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids)"
+          " + 1",
+          "        self.num_stop_ids = stops = MAX_STOP_TOKEN_IDS + len(hf_config.wedlm_eos_ids)"),),
         ("tests/vllm_plugin/test_vllm_checkpoints.py",), "no room for the tokenizer's eos, "
         "which vLLM adds beside the checkpoint's: a request with 24 stop ids loses one",
         keyword="stop_id_buffer",

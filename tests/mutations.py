@@ -598,15 +598,15 @@ VLLM_MUTATIONS += [
           "    return result + 0.0",
           "    if not math.isfinite(result) or result < 0:\n        _fail(name, what, value)\n"
           "    return result + 0.0"),),
-        VLLM_FUZZ, "a distance penalty of 1e300 passes the check and cannot be stored in "
-        "float32 in add_request", keyword="every_edge_value",
-        expect="cannot be converted to type float without overflow",
+        VLLM_FUZZ, "a distance penalty of 1e300 passes the check, and add_request refuses to "
+        "store it in float32 (the engine stops)", keyword="every_edge_value",
+        expect="does not fit its float32 buffer",
     ),
     Mutation(
         "vllm-top-k-stored-past-int32", REQUEST_PARAMS,
         (("(top_k if 0 < top_k <= INT32_MAX else 0)", "(top_k if 0 < top_k else 0)"),),
         VLLM_FUZZ, "a sampled request's top_k of 2**40 reaches the int32 buffer",
-        keyword="every_edge_value", expect="cannot be converted to type int without overflow",
+        keyword="every_edge_value", expect="does not fit its torch.int32 buffer",
     ),
     Mutation(
         "vllm-seed-past-int64", REQUEST_PARAMS,
@@ -614,7 +614,7 @@ VLLM_MUTATIONS += [
           ""),),
         VLLM_FUZZ, "a seed of 2**64 reaches vLLM's and the plugin's int64 buffers",
         keyword="every_edge_value",
-        expect="cannot be converted to type int64_t without overflow",
+        expect="does not fit its torch.int64 buffer",
     ),
     Mutation(
         "vllm-max-tokens-unbounded-beside-max-model-len", "wedlm_kernels/integrations/vllm/"

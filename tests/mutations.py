@@ -594,6 +594,37 @@ VLLM_MUTATIONS = [
         "counts the rows in flight) cuts its window", keyword="max_model_len",
     ),
 ]
+# One reading of a checkpoint (tests/vllm_plugin/test_vllm_reading.py): each check the
+# plugin makes at startup must be what stops a disagreeing config or a misfit tensor.
+VLLM_READING = "wedlm_kernels/integrations/vllm/reading.py"
+VLLM_READING_TESTS = ("tests/vllm_plugin/test_vllm_reading.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-head-size-not-compared", VLLM_READING,
+        (('        same(where + "head_dim", config.head_dim, attention.head_dim,\n',
+          '        same(where + "head_dim", attention.head_dim, attention.head_dim,\n'),),
+        VLLM_READING_TESTS, "a Qwen2-flavoured config whose head_dim is not hidden / heads "
+        "loads its q/k/v weights into vLLM's smaller heads without a word",
+        keyword="stops_the_engine and qwen2",
+    ),
+    Mutation(
+        "vllm-wedlm-config-keeps-qwen3s-head-dim-default",
+        "wedlm_kernels/integrations/vllm/config.py",
+        (("        self.head_dim = (head_dim if head_dim is not None\n"
+          "                         else self.hidden_size // self.num_attention_heads)\n",
+          "        self.head_dim = head_dim if head_dim is not None else 128\n"),),
+        VLLM_READING_TESTS, "a WeDLM config without head_dim gets Qwen3Config's 128 in "
+        "vLLM, hidden / heads in model_min (refused, where the mapping serves it)",
+        keyword="no-head-dim", expect="ConfigMismatchError",
+    ),
+    Mutation(
+        "vllm-load-weights-takes-any-tensor", VLLM_READING,
+        (("    if name not in expected:\n", "    if False:\n"),
+         ("    if tuple(shape) != expected[name]:\n", "    if False:\n")),
+        VLLM_READING_TESTS, "an unexpected or mis-shaped tensor reaches vLLM's loader, which "
+        "skips it or narrows it into place", keyword="naming_it",
+    ),
+]
 # A request value the device cannot hold must be refused in the frontend: with a bound
 # dropped, the fuzz test's draw reaches the worker, which raises and stops the engine.
 REQUEST_PARAMS = "wedlm_kernels/request_params.py"

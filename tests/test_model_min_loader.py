@@ -144,6 +144,22 @@ def test_tied_checkpoint_uses_the_embedding_as_lm_head(tmp_path):
     assert torch.equal(model.lm_head, hf.state_dict()["model.embed_tokens.weight"])
 
 
+def test_a_tied_checkpoint_that_stores_a_head_of_its_own_decodes_with_it_as_transformers(
+        tmp_path):
+    hf = build_tiny_model("qwen3", tie_word_embeddings=True)
+    directory = save_checkpoint(hf, tmp_path)
+    state = load_file(directory / "model.safetensors")
+    state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
+    save_file(state, directory / "model.safetensors")
+    # transformers (>= 5) unties the two where they differ; so does vLLM
+    reloaded = type(hf).from_pretrained(directory)
+    assert torch.equal(reloaded.lm_head.weight, state["lm_head.weight"])
+    assert torch.equal(reloaded.model.embed_tokens.weight, state["model.embed_tokens.weight"])
+    model = load_model(directory)
+    assert torch.equal(model.lm_head, state["lm_head.weight"])
+    assert torch.equal(model.embed_tokens, state["model.embed_tokens.weight"])
+
+
 def test_sharded_checkpoint_loads_like_a_single_file(tmp_path):
     hf = build_tiny_model("qwen2")
     single = load_model(save_checkpoint(hf, tmp_path / "single"))

@@ -28,7 +28,7 @@ from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
 # the package's public submodules besides its top level
-PUBLIC_MODULES = ("wedlm_kernels.request_params",)
+PUBLIC_MODULES = ("wedlm_kernels.request_params", "wedlm_kernels.model_config")
 
 
 def test_engine_defaults_are_the_reference_engines():

@@ -8,6 +8,9 @@ plain Qwen3 or Qwen2 checkpoint is served through it with ``hf_overrides={"archi
 ["WeDLMForCausalLM"]}`` (docs/vllm.md).
 """
 
+from collections.abc import Iterable
+
+import torch
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -15,6 +18,13 @@ from vllm.model_executor.models.qwen2 import Qwen2Model
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM, Qwen3Model
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
+from .reading import (
+    check_all_seen,
+    check_model_reads_config,
+    check_tensor,
+    checkpoint_config,
+    expected_shapes,
+)
 from .state import WeDLMModelState
 
 
@@ -51,6 +61,20 @@ class WeDLMForCausalLM(Qwen3ForCausalLM):
             self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        # one reading of the checkpoint: what vLLM built must be what model_min decodes
+        self.checkpoint_config = checkpoint_config(vllm_config.model_config)
+        check_model_reads_config(self, self.checkpoint_config, vllm_config.model_config)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM's Qwen3 loading, each tensor held to the checkpoint's config first: a
+        missing, unexpected or mis-shaped tensor (its whole shape, before the
+        tensor-parallel split) is a ``CheckpointError`` naming it, as in model_min."""
+        expected, seen = expected_shapes(self.checkpoint_config), set()
+        checked = ((name, tensor) for name, tensor in weights
+                   if check_tensor(name, tuple(tensor.shape), expected, seen))
+        loaded = super().load_weights(checked)
+        check_all_seen(self.checkpoint_config, expected, seen)
+        return loaded
 
     @staticmethod
     def get_model_state_cls() -> type[WeDLMModelState]:

@@ -1,0 +1,185 @@
+"""One reading of a checkpoint in both front ends (docs/vllm.md, "One reading of a
+checkpoint").
+
+A checkpoint reaches the math through two readers: :mod:`wedlm_kernels.model_config` (what
+model_min decodes) and the vLLM model class the plugin builds on (``Qwen3Model`` or
+``Qwen2Model``, from vLLM's own config object). Where they would read a config differently
+(vLLM's ``Qwen2Model`` derives the head size from ``hidden_size / num_attention_heads`` and
+ignores ``head_dim``; its ``Qwen3Attention`` has no output-projection bias), both engines
+would start and decode, and disagree without a word. So at startup the plugin reads the
+checkpoint's ``config.json`` (with the engine's ``hf_overrides``) the shared way and
+compares every field that changes the math with what the vLLM model it built uses: a
+disagreement stops the engine, naming the field and both readings. :func:`check_tensor`
+then holds every tensor ``load_weights`` receives to the same reading.
+"""
+
+from typing import Any
+
+import torch
+
+import wedlm_kernels as wk
+from wedlm_kernels.model_config import (
+    IGNORED_SUFFIXES,
+    CheckpointError,
+    ModelConfig,
+    config_from_dict,
+    expected_shapes,
+)
+
+from . import ARCHITECTURE
+
+# RoPE rows compared number by number (vLLM builds its table in float32, this library in
+# float64 rounded to float32)
+ROPE_ROWS_COMPARED = 256
+
+
+class ConfigMismatchError(ValueError):
+    """vLLM's model reads the checkpoint's config otherwise than model_min does."""
+
+
+def checkpoint_config(model_config: Any) -> ModelConfig:
+    """The shared reading of the engine's checkpoint: its ``config.json`` with the
+    engine's ``hf_overrides`` applied (a dict's entries replace the file's, nested dicts
+    merged; a callable's result is read from vLLM's config object instead, as
+    ``to_dict()`` gives it)."""
+    from vllm.transformers_utils.repo_utils import get_hf_file_to_dict
+
+    overrides = model_config.hf_overrides
+    if callable(overrides):
+        raw = model_config.hf_config.to_dict()
+    else:
+        source = model_config.hf_config_path or model_config.model
+        raw = get_hf_file_to_dict("config.json", source, model_config.revision)
+        if raw is None:
+            raise ConfigMismatchError(f"{ARCHITECTURE}: no config.json found for {source}")
+        for key, value in (overrides or {}).items():
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key] = {**raw[key], **value}
+            else:
+                raw[key] = value
+    try:
+        return config_from_dict(raw)
+    except ValueError as error:
+        raise ConfigMismatchError(f"{ARCHITECTURE}: {error}") from None
+
+
+def _disagree(field: str, ours: Any, theirs: Any, decoder: str, hint: str = "") -> None:
+    raise ConfigMismatchError(
+        f"{ARCHITECTURE}: the checkpoint's {field} reads {ours!r} as model_min decodes it "
+        f"(wedlm_kernels.model_config), but vLLM's {decoder} uses {theirs!r}; the two would "
+        f"decode differently{'. ' + hint if hint else ''}")
+
+
+def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
+                             model_config: Any) -> None:
+    """Compare the vLLM model ``model`` (a ``WeDLMForCausalLM`` just built, before its
+    weights load) with the shared reading ``config``; raise :class:`ConfigMismatchError`
+    naming the first field they disagree on. ``model_config``: vLLM's ``ModelConfig``
+    (its ``hf_config`` holds the mask id the window state masks with)."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm.v1.attention.backend import AttentionType
+
+    decoder = type(model.model).__name__
+
+    def same(field: str, ours: Any, theirs: Any, hint: str = "") -> None:
+        if ours != theirs:
+            _disagree(field, ours, theirs, decoder, hint)
+
+    layers = model.model.layers
+    same("num_hidden_layers", config.num_layers, len(layers))
+    embed = model.model.embed_tokens
+    same("vocab_size", config.vocab_size, embed.org_vocab_size)
+    same("hidden_size", config.hidden_size, embed.embedding_dim)
+    same("vocab_size (lm_head)", config.vocab_size, model.lm_head.org_vocab_size)
+    same("vocab_size (logits)", config.vocab_size, model.logits_processor.org_vocab_size)
+    # a tied config whose checkpoint stores a head of its own: vLLM unties the two (and
+    # ties them again after loading where they are equal), as model_min reads that head
+    untied = getattr(model_config, "word_embeddings_untied_by_checkpoint", False)
+    same("tie_word_embeddings", config.tie_word_embeddings and not untied,
+         model.lm_head.weight is embed.weight)
+    same("rms_norm_eps (final norm)", config.rms_norm_eps, model.model.norm.variance_epsilon)
+    same("mask_token_id", config.mask_token_id,
+         getattr(model_config.hf_config, "mask_token_id", None))
+    for index, layer in enumerate(layers):
+        where = f"layer {index}: "
+        attention = layer.self_attn
+        same(where + "num_attention_heads", config.num_heads, attention.total_num_heads)
+        same(where + "num_key_value_heads", config.num_kv_heads, attention.total_num_kv_heads)
+        same(where + "head_dim", config.head_dim, attention.head_dim,
+             "vLLM's Qwen2 decoder derives the head size from hidden_size / "
+             "num_attention_heads" if decoder == "Qwen2Model" else "")
+        same(where + "q/k/v bias", config.qkv_bias, attention.qkv_proj.bias is not None)
+        same(where + "o_proj bias", config.o_proj_bias, attention.o_proj.bias is not None,
+             "vLLM's Qwen3 attention has no output-projection bias"
+             if decoder == "Qwen3Model" else "")
+        same(where + "q/k norm", config.qk_norm, hasattr(attention, "q_norm"))
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if config.qk_norm:
+            norms += [attention.q_norm, attention.k_norm]
+        for norm in norms:
+            same(where + "rms_norm_eps", config.rms_norm_eps, norm.variance_epsilon)
+        same(where + "intermediate_size", config.intermediate_size,
+             layer.mlp.down_proj.input_size)
+        same(where + "hidden_act", "silu",
+             "silu" if isinstance(layer.mlp.act_fn, SiluAndMul) else type(layer.mlp.act_fn))
+        same(where + "attention type", AttentionType.DECODER, attention.attn.attn_type)
+        same(where + "sliding window", None, getattr(attention.attn, "sliding_window", None))
+        _check_rope(where, config, attention.rotary_emb, RotaryEmbedding, same)
+
+
+def _check_rope(where: str, config: ModelConfig, rotary: Any, plain: type, same) -> None:
+    same(where + "RoPE scaling", "default", "default" if type(rotary) is plain
+         else type(rotary).__name__)
+    same(where + "RoPE dimension", config.head_dim, rotary.rotary_dim)
+    same(where + "RoPE layout (split halves)", True, rotary.is_neox_style)
+    same(where + "rope_theta", config.rope_theta, float(rotary.base))
+    same(where + "max_position_embeddings", config.max_position_embeddings,
+         rotary.max_position_embeddings)
+    rows = min(ROPE_ROWS_COMPARED, rotary.cos_sin_cache.shape[0])
+    theirs = rotary.cos_sin_cache[:rows].float().cpu()
+    ours = wk.rope_cache(rows, config.head_dim, config.rope_theta)
+    # float32 angles: position * inv_freq rounds to about position * 2**-24 radians
+    tolerance = torch.arange(rows, dtype=torch.float32)[:, None] * 2.0**-21 + 1e-6
+    excess = ((theirs - ours).abs() - tolerance).max().item()  # startup, not a decode step
+    if not excess <= 0:
+        raise ConfigMismatchError(
+            f"{ARCHITECTURE}: {where}vLLM's RoPE table differs from the one model_min "
+            f"builds from rope_theta = {config.rope_theta} (head_dim {config.head_dim}) by "
+            f"more than float32 rounding in its first {rows} positions; the two would "
+            "decode differently")
+
+
+def check_tensor(name: str, shape: tuple[int, ...], expected: dict[str, tuple[int, ...]],
+                 seen: set[str]) -> bool:
+    """Hold one tensor ``load_weights`` receives to the shared reading: a name the model
+    does not have, a shape that differs from the config's, or a tensor sent twice is a
+    :class:`CheckpointError` naming it. Returns False for a tensor to skip (a stored RoPE
+    buffer)."""
+    if name.endswith(IGNORED_SUFFIXES):
+        return False
+    if name not in expected:
+        raise CheckpointError(f"{ARCHITECTURE}: unexpected tensor {name} (not part of a model "
+                              "with this config)")
+    if name in seen:
+        raise CheckpointError(f"{ARCHITECTURE}: tensor {name} is stored twice")
+    if tuple(shape) != expected[name]:
+        raise CheckpointError(f"{ARCHITECTURE}: tensor {name} has shape {list(shape)}, "
+                              f"expected {list(expected[name])}")
+    seen.add(name)
+    return True
+
+
+def check_all_seen(config: ModelConfig, expected: dict[str, tuple[int, ...]],
+                   seen: set[str]) -> None:
+    """After ``load_weights``: a tensor the config needs that never came is an error."""
+    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = [name for name in expected if name not in seen and name not in optional]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{ARCHITECTURE}: missing tensor {missing[0]}{more}: "
+                              f"{', '.join(missing[:8])}")
+
+
+__all__ = ["ConfigMismatchError", "check_all_seen", "check_model_reads_config",
+           "check_tensor", "checkpoint_config", "expected_shapes"]

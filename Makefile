@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
-	check-constraints gpu-wheels install-vllm test-vllm test-vllm-engine mutation-vllm bench-vllm
+	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -124,7 +124,7 @@ test-vllm: test-vllm-engine
 
 # the plugin's tests alone (.ci/run runs them beside make test: each is one pytest that keeps
 # about one core busy, then the plugin's mutations with --baseline-passed)
-test-vllm-engine: $(VLLM_STAMP)
+test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
 
 # WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
@@ -136,6 +136,27 @@ BENCH_VLLM_ARGS ?=
 bench-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_PY) -m bench.vllm_serve $(BENCH_VLLM_ARGS)
 	$(PY) -m bench.vllm_serve --replot
+
+# Quality at the speed settings (bench/eval_served.py): lm-eval (its own venv, .venv-eval,
+# bench/eval/constraints.txt) against the plugin's server over WeDLM's settings and AR, in
+# bench/results/cpu/eval_served.{json,md,png} on the CPU. EVAL_ARGS=--quick: a subset;
+# TASKS=gsm8k,humaneval,mbpp MODEL=PATH: lm-eval's tasks on a real checkpoint (a GPU, the
+# datasets reachable). .venv-vllm has no matplotlib: .venv draws the plot from the JSON.
+EVAL_VENV  := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.installed
+EVAL_ARGS ?=
+EVAL_OUT  ?= bench/results/cpu
+$(EVAL_STAMP): bench/eval/constraints.txt
+	$(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q -c bench/eval/constraints.txt "lm-eval[api]"
+	touch $(EVAL_STAMP)
+
+install-eval: $(EVAL_STAMP)
+
+eval: $(VLLM_STAMP) $(EVAL_STAMP) $(STAMP)
+	$(VLLM_PY) -m bench.eval_served --lm-eval $(EVAL_VENV)/bin/lm_eval --out-dir $(EVAL_OUT) \
+		$(if $(TASKS),--tasks $(TASKS),) $(if $(MODEL),--model $(MODEL),) $(EVAL_ARGS)
+	$(PY) -m bench.eval_served --replot $(EVAL_OUT)/eval_served.json
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)

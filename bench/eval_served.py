@@ -383,7 +383,9 @@ def summarise(runs: list[dict], settings: list[Setting], task: str,
 
 def write_markdown(report: dict, path: Path) -> None:
     task = report["plan"]["tasks"][0]
-    lines = [f"# lm-eval against the served model ({report['label']})", "",
+    scope = {"eval_served_quick": " (--quick: a subset of the sweep)",
+             "eval_served_smoke": " (--smoke)"}.get(report.get("name"), "")
+    lines = [f"# lm-eval against the served model{scope} ({report['label']})", "",
              f"{report['date']}. **{report['label']}**. Command: `{report['command']}`; "
              f"wall time {report['wall_s']:.0f} s. Versions: "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v) + ".", "",
@@ -451,17 +453,18 @@ def draw(figure, report: dict) -> None:
 
 def write_outputs(report: dict, out_dir: Path, plot: bool = True) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    stem = report.get("name", NAME)
     if plot:
         report["plot"] = plot_entry(save_plot(lambda f: draw(f, report),
-                                              out_dir / f"{NAME}.png", size=(10, 4.2)))
-    write_json(out_dir / f"{NAME}.json", report)
-    write_markdown(report, out_dir / f"{NAME}.md")
+                                              out_dir / f"{stem}.png", size=(10, 4.2)))
+    write_json(out_dir / f"{stem}.json", report)
+    write_markdown(report, out_dir / f"{stem}.md")
 
 
 def replot(json_path: Path) -> int:
     report = json.loads(json_path.read_text())
     write_outputs(report, json_path.parent)
-    print(f"{json_path.parent / (NAME + '.png')}: {report['plot']}")
+    print(f"{json_path.with_suffix('.png')}: {report['plot']}")
     return 0
 
 
@@ -561,6 +564,7 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
                           f"{result['wall_s']:.0f} s", flush=True)
     items = len(runs[0]["tasks"][task]["answers"]) if runs else 0
     report = {
+        "name": NAME + ("_smoke" if args.smoke else "_quick" if args.quick else ""),
         "date": utc_now(), "label": CPU_LABEL if plan.device == "cpu" else "GPU measurement",
         "device": plan.device, "command": command_line(MODULE, argv),
         "wall_s": round(time.perf_counter() - started, 1), "versions": versions(plan),
@@ -574,7 +578,7 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
     }
     report["summary"] = summary(report["rows"])
     write_outputs(report, out_dir, plot=True)
-    print(f"results: {out_dir / (NAME + '.json')}; plot: {report['plot']}")
+    print(f"results: {out_dir / (report['name'] + '.json')}; plot: {report['plot']}")
     return 0
 
 

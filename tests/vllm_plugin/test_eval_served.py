@@ -18,7 +18,7 @@ def test_lm_eval_on_the_served_model_scores_model_mins_answers(tmp_path):
     if not eval_served.DEFAULT_LM_EVAL.exists():
         pytest.fail(f"{eval_served.DEFAULT_LM_EVAL} is missing: make .venv-eval/.installed")
     assert eval_served.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "eval_served.json").read_text())
+    report = json.loads((tmp_path / "eval_served_smoke.json").read_text())
     runs = report["runs"]
     assert [run["condition"] for run in runs] == ["greedy", "T=0.1 seed 1"]
     for run in runs:

@@ -76,6 +76,7 @@ from bench.vllm_serve import (
     RunError,
     Server,
     ServerPlan,
+    ar_architecture,
     free_port,
     write_checkpoint,
 )
@@ -96,6 +97,7 @@ MAX_GEN_TOKENS = 80  # wedlm_patterns.yaml's max_gen_toks
 SMOKE_ITEMS = [0, 45, 90, 106]  # a count, days, a count past 2000, letters backwards
 EOS_IDS = (256,)  # the tiny model's eos: vLLM stops there, so model_min must too
 DEFAULT_LM_EVAL = ROOT / ".venv-eval" / "bin" / "lm_eval"
+UNSAFE_CODE_TASKS = ("humaneval", "mbpp")
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}
 
@@ -166,6 +168,13 @@ class Plan:
 # ------------------------------------------------------------------------- the commands
 
 
+def ar_override(model: str) -> str | None:
+    """The architecture the AR server serves ``model`` as (a WeDLM checkpoint as its Qwen3
+    or Qwen2 decoder; None: as it is), as bench/vllm_serve.py does."""
+    config = Path(model) / "config.json"
+    return ar_architecture(json.loads(config.read_text())) if config.exists() else None
+
+
 def server_argv(server: str, model: str, port: int, dtype: str, device: str) -> list[str]:
     argv = [*VLLM_CLI, "serve", model, "--host", HOST, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", "512",
@@ -177,6 +186,8 @@ def server_argv(server: str, model: str, port: int, dtype: str, device: str) -> 
     if server == "wedlm":
         argv += ["--hf-overrides", json.dumps({"architectures": ["WeDLMForCausalLM"]}),
                  "--additional-config", json.dumps({"wedlm": {"window": ENGINE_WINDOW}})]
+    elif (architecture := ar_override(model)) is not None:
+        argv += ["--hf-overrides", json.dumps({"architectures": [architecture]})]
     return argv
 
 
@@ -193,6 +204,8 @@ def lm_eval_argv(plan: Plan, setting: Setting, condition: Condition, port: int,
             "--tasks", ",".join(plan.tasks), "--include_path", str(TASKS_DIR),
             "--gen_kwargs", *gen_kwargs, "--output_path", str(output_path), "--log_samples",
             "--seed", "0"]
+    if any(task in UNSAFE_CODE_TASKS for task in plan.tasks):
+        argv.append("--confirm_run_unsafe_code")  # lm-eval runs the generated code
     if plan.samples is not None:
         argv += ["--samples", json.dumps({task: plan.samples for task in plan.tasks})]
     elif plan.limit is not None:
@@ -257,7 +270,8 @@ def run_lm_eval(plan: Plan, setting: Setting, condition: Condition, server: Serv
     before = server.settled_counters()
     output_path = run_dir / "lm_eval"
     argv = lm_eval_argv(plan, setting, condition, server.plan.port, output_path)
-    env = dict(os.environ, **OFFLINE_ENV)
+    # the local task reads its committed items: nothing may download
+    env = dict(os.environ, **(OFFLINE_ENV if plan.tasks == [LOCAL_TASK] else {}))
     env.pop("TRITON_INTERPRET", None)
     started = time.perf_counter()
     with open(run_dir / "lm_eval.log", "w") as log:

@@ -91,3 +91,14 @@ def test_the_pareto_plot_is_drawn_from_the_json(tmp_path):
     assert eval_served.replot(tmp_path / "eval_served.json") == 0
     assert_png(tmp_path / "eval_served.png")
     assert "eval_served.png" in (tmp_path / "eval_served.md").read_text()
+
+
+def test_a_wedlm_checkpoint_is_served_to_ar_as_its_qwen_decoder(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "wedlm", "architectures": ["WeDLMForCausalLM"], "qk_norm": True}))
+    assert eval_served.main(["--dry-run", "--device", "cpu", "--model", str(tmp_path),
+                             "--tasks", "gsm8k,humaneval"]) == 0
+    servers = [line for line in capsys.readouterr().out.splitlines()
+               if " serve " in line and not line.startswith("  ")]
+    wedlm, ar = servers
+    assert "WeDLMForCausalLM" in wedlm and "Qwen3ForCausalLM" in ar

@@ -578,6 +578,7 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
                           f"{result['wall_s']:.0f} s", flush=True)
     items = len(runs[0]["tasks"][task]["answers"]) if runs else 0
     report = {
+        "benchmark": MODULE,
         "name": NAME + ("_smoke" if args.smoke else "_quick" if args.quick else ""),
         "date": utc_now(), "label": CPU_LABEL if plan.device == "cpu" else "GPU measurement",
         "device": plan.device, "command": command_line(MODULE, argv),

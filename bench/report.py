@@ -664,9 +664,40 @@ def pytest_benchmark_body(data: dict) -> list[str]:
     return lines
 
 
+def benchmark_name(data: dict) -> str:
+    if "benchmark" in data:
+        return data["benchmark"]
+    return "bench.eval_served" if is_eval_served(data) else "unknown benchmark"
+
+
+def is_eval_served(data) -> bool:
+    return isinstance(data, dict) and str(data.get("name", "")).startswith("eval_served")
+
+
+def eval_served_body(data: dict) -> list[str]:
+    """bench.eval_served: one row per setting (its greedy run, its seeds' spread)."""
+    rows = []
+    for row in data["rows"]:
+        greedy, sampled = row.get("greedy") or {}, row["sampled"]
+        rows.append([cell(row["setting"]),
+                     f"{fmt(greedy.get('exact'), 3)} ± {fmt(greedy.get('stderr'), 3)}",
+                     f"{fmt(sampled['mean'], 3)} ({fmt(sampled['min'], 3)}–"
+                     f"{fmt(sampled['max'], 3)})",
+                     fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar"], 2)])
+    plan = data["plan"]
+    return ["### Figures", "",
+            f"Task {', '.join(plan['tasks'])} ({plan['items']} items); sampled at temperature "
+            f"{plan['temperature']}, seeds {plan['seeds']}.", "",
+            *markdown_table([measurement(data), "greedy exact ± stderr",
+                             "sampled mean (min–max)", "tokens / forward", "wall / AR"],
+                            rows), "", data.get("checks_note", ""), ""]
+
+
 def body_lines(data: dict, plot_link: str | None) -> list[str]:
     if is_sweep(data):
         return sweep_body(data, plot_link)
+    if is_eval_served(data):
+        return eval_served_body(data)
     if is_pytest_benchmark(data):
         return pytest_benchmark_body(data)
     groups = case_groups(data)
@@ -695,7 +726,7 @@ def section(path: Path, data, error: str | None, out: Path,
     if path.with_suffix(".md").exists():
         links.append(f"[Markdown]({relative(path.with_suffix('.md'), out)})")
     links += [f"[plot]({relative(p, out)})" for p in plots]
-    lines = [f"{title}: {data.get('benchmark', 'unknown benchmark')}", "",
+    lines = [f"{title}: {benchmark_name(data)}", "",
              *header_lines(data, links)]
     try:
         lines += body_lines(data, None)
@@ -759,7 +790,7 @@ def anchor(path: Path, data) -> str:
     """GitHub's anchor of the section heading of ``path``."""
     heading = f"{path.parent.name}/{path.name}"
     if isinstance(data, dict):
-        heading += f": {data.get('benchmark', 'unknown benchmark')}"
+        heading += f": {benchmark_name(data)}"
     text = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
     return text.replace(" ", "-")
 

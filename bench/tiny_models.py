@@ -25,10 +25,12 @@ def tiny_config(
     tie_word_embeddings: bool = False,
     rope_theta: float = 10000.0,
     attention_bias: bool = False,
+    yarn: dict | None = None,
 ):
     """A tiny ``Qwen3Config`` / ``Qwen2Config``: hidden 64, 4 query heads, 2 KV heads, fp32,
     eager attention, ``mask_token_id`` = the last vocabulary row. ``attention_bias`` adds
-    q/k/v/o biases to Qwen3 (Qwen2 always has q/k/v biases)."""
+    q/k/v/o biases to Qwen3 (Qwen2 always has q/k/v biases); ``yarn`` (``factor``,
+    ``original_max_position_embeddings``, ...) makes its RoPE YaRN's."""
     common = dict(
         hidden_size=64,
         num_hidden_layers=num_hidden_layers,
@@ -39,7 +41,8 @@ def tiny_config(
         rms_norm_eps=1e-6,
         max_position_embeddings=256,
         tie_word_embeddings=tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        rope_parameters=({"rope_type": "default", "rope_theta": rope_theta} if yarn is None
+                         else {"rope_type": "yarn", "rope_theta": rope_theta, **yarn}),
         attn_implementation="eager",
     )
     if kind == "qwen3":

@@ -1,8 +1,8 @@
 """A checkpoint's ``config.json`` (and ``generation_config.json``) read from its directory.
 
 What the file means is :mod:`wedlm_kernels.model_config`'s one reading, which the vLLM
-plugin shares: Qwen3, Qwen2.5 and WeDLM configs, every size from the file, plain RoPE only
-(a config with RoPE scaling is refused).
+plugin shares: Qwen3, Qwen2.5 and WeDLM configs, every size from the file, plain or YaRN
+RoPE (any other RoPE scaling is refused).
 """
 
 import json

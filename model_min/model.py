@@ -61,7 +61,8 @@ class Model:
         self.dtype = embed_tokens.dtype
         self.scale = config.head_dim**-0.5
         self.cos_sin = wk.rope_cache(
-            config.max_position_embeddings, config.head_dim, config.rope_theta, self.device
+            config.max_position_embeddings, config.head_dim, config.rope_theta, self.device,
+            yarn=config.rope_scaling,
         )
 
     def ensure_positions(self, num_positions: int) -> bool:
@@ -70,7 +71,8 @@ class Model:
         if num_positions <= self.cos_sin.shape[0]:
             return False
         self.cos_sin = wk.rope_cache(
-            num_positions, self.config.head_dim, self.config.rope_theta, self.device
+            num_positions, self.config.head_dim, self.config.rope_theta, self.device,
+            yarn=self.config.rope_scaling,
         )
         return True
 

@@ -511,6 +511,25 @@ MUTATIONS: list[Mutation] = [
         (("                x = x + mlp_out\n", "                x = mlp_out\n"),),
         MODEL_MIN_TESTS, "the last layer's MLP output replaces the residual stream",
     ),
+    Mutation(
+        "model-min-ignores-yarn", "model_min/model.py",
+        (("            yarn=config.rope_scaling,\n", "            yarn=None,\n"),),
+        ("tests/test_model_min_logits.py",), "a YaRN checkpoint decodes with plain RoPE",
+        keyword="yarn",
+    ),
+    Mutation(
+        "rope-yarn-ramp-reversed", "wedlm_kernels/ops/rope.py",
+        (("        return plain / self.factor * ramp + plain * (1 - ramp)",
+          "        return plain / self.factor * (1 - ramp) + plain * ramp"),),
+        ("tests/test_rope_yarn.py",), "YaRN interpolates the fast pairs and keeps the slow "
+        "ones (its ramp the wrong way round)",
+    ),
+    Mutation(
+        "rope-yarn-no-attention-factor", "wedlm_kernels/ops/rope.py",
+        (("        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0",
+          "        return 1.0"),),
+        ("tests/test_rope_yarn.py",), "YaRN's cos and sin lose the attention factor",
+    ),
     # ------------------------------------------------------------ request parameters
     Mutation(
         "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",

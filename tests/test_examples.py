@@ -1,6 +1,7 @@
 """The runnable tour (`make tour`) keeps working."""
 
 import pathlib
+import re
 import runpy
 
 
@@ -48,6 +49,23 @@ def test_readme_runnable_snippets_print_what_their_comments_say(capsys):
 
 PUBLIC_OPS = ("commit_window", "paged_attention", "reorder_window", "rope_cache",
               "rope_kv_append", "select_tokens", "silu_mul")
+PUBLIC_CLASSES = ("YarnScaling",)  # an op's argument
+
+
+def test_public_classes_document_every_field_in_numpy_style():
+    import dataclasses
+    import inspect
+
+    import wedlm_kernels as wk
+
+    assert set(PUBLIC_CLASSES) == {name for name in wk.__all__
+                                   if inspect.isclass(getattr(wk, name))}
+    for name in PUBLIC_CLASSES:
+        doc = inspect.getdoc(getattr(wk, name))
+        assert "\nParameters\n----------\n" in doc, name
+        for field in dataclasses.fields(getattr(wk, name)):
+            assert re.search(rf"\n{field.name}(, \w+)* : |\n\w+, {field.name} : ", doc), (
+                name, field.name)
 
 
 def test_public_ops_document_every_parameter_in_numpy_style():
@@ -55,7 +73,8 @@ def test_public_ops_document_every_parameter_in_numpy_style():
 
     import wedlm_kernels as wk
 
-    assert set(PUBLIC_OPS) == {name for name in wk.__all__ if callable(getattr(wk, name))}
+    assert set(PUBLIC_OPS) == {name for name in wk.__all__ if callable(getattr(wk, name))
+                               and not inspect.isclass(getattr(wk, name))}
     for name in PUBLIC_OPS:
         op = getattr(wk, name)
         doc = inspect.getdoc(op)

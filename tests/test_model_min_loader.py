@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import wedlm_kernels as wk
 from bench.tiny_models import build_tiny_model, save_checkpoint
 from model_min import CheckpointError, config_from_dict, load_config, load_model
 
@@ -56,10 +57,28 @@ def test_rope_theta_is_read_from_top_level_or_rope_parameters():
 
 
 @pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
-def test_rope_scaling_is_rejected_by_name(key):
-    config = {**BASE_CONFIG, "rope_theta": 1e6, key: {"rope_type": "yarn", "factor": 4.0}}
-    with pytest.raises(ValueError, match="yarn"):
-        config_from_dict(config)
+def test_yarn_scaling_is_read_from_either_key(key):
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    config = config_from_dict({**BASE_CONFIG, "rope_theta": 1e6, key: yarn})
+    assert config.rope_scaling == wk.YarnScaling(4.0, 64)
+    assert config_from_dict({**BASE_CONFIG, "rope_theta": 1e6}).rope_scaling is None
+
+
+@pytest.mark.parametrize("rope, message", [
+    ({"rope_type": "linear", "factor": 2.0}, "unsupported RoPE scaling .*'linear'"),
+    ({"type": "dynamic", "factor": 2.0}, "unsupported RoPE scaling .*'dynamic'"),
+    ({"rope_type": "yarn", "factor": 4.0}, "original_max_position_embeddings is missing"),
+    ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "factor is missing"),
+    ({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 64},
+     "factor must be a finite number >= 1"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+      "mscale": 1.0, "mscale_all_dim": 1.0}, "mscale is not supported"),
+    ({"rope_type": "yarn", "factor": "4", "original_max_position_embeddings": 64},
+     "factor must be a number"),
+])
+def test_rope_scaling_other_than_yarn_or_a_bad_yarn_is_rejected_by_name(rope, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_dict({**BASE_CONFIG, "rope_theta": 1e6, "rope_scaling": rope})
 
 
 def test_head_dim_defaults_to_hidden_size_over_heads():

@@ -23,6 +23,9 @@ CHECKPOINTS = {
     "qwen3-sharded-tied-bias": dict(kind="qwen3", tie_word_embeddings=True,
                                     attention_bias=True, shard="20KB", threshold=0.2),
     "qwen2-sharded": dict(kind="qwen2", shard="20KB", seed=3, threshold=2.5),
+    # YaRN over 8 trained positions: the windows sit at positions up to 25, past them
+    "qwen3-yarn": dict(kind="qwen3", yarn={"factor": 4.0, "original_max_position_embeddings": 8},
+                       threshold=2.8),
 }
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], list(range(20, 33))]
 

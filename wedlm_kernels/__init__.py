@@ -4,8 +4,8 @@ Public ops (exact semantics in docs/contracts.md):
 
 - :func:`reorder_window`: topological reordering of the decode window (ids, logical RoPE
   positions, physical cache slots).
-- :func:`rope_cache`, :func:`rope_kv_append`: per-head RMSNorm + RoPE at logical positions +
-  K/V append into a paged cache.
+- :func:`rope_cache` (plain or :class:`YarnScaling` RoPE), :func:`rope_kv_append`: per-head
+  RMSNorm + RoPE at logical positions + K/V append into a paged cache.
 - :func:`paged_attention`: causal (bottom-right aligned) attention over a paged cache, GQA.
 - :func:`select_tokens`: entropy, distance penalty, threshold selection and sampling.
 - :func:`commit_window`: commit, stop/length rules, window shift, fill and refill.
@@ -26,7 +26,7 @@ from ._backend import BACKEND
 from .ops.attention import paged_attention
 from .ops.commit import commit_window
 from .ops.reorder import reorder_window
-from .ops.rope import rope_cache, rope_kv_append
+from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
@@ -34,6 +34,7 @@ __version__ = "0.6.0"
 
 __all__ = [
     "BACKEND",
+    "YarnScaling",
     "DEBUG",
     "commit_window",
     "paged_attention",

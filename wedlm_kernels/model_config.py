@@ -5,8 +5,9 @@
 untied head, q/k norm, q/k/v and output-projection bias), RMSNorm's eps, RoPE's base, the
 mask id, the maximum positions and the tensors a checkpoint must hold (``expected_shapes``).
 The plugin compares what vLLM's model class builds with this reading at startup
-(docs/vllm.md, "One reading of a checkpoint"). Only plain RoPE is read: a config with RoPE
-scaling is refused, by both front ends.
+(docs/vllm.md, "One reading of a checkpoint"). RoPE is plain or YaRN-scaled
+(``rope_type: "yarn"``, as Qwen3's long-context configs set it); any other scaling is
+refused, by both front ends.
 
 Every size is read from the file; nothing is hard-coded. RoPE settings are accepted either
 as a top-level ``rope_theta`` or inside ``rope_parameters`` (newer configs).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 # an integer / a real number (Python's or numpy's), not a bool: the checks of every number
 # a front end takes (config values, token ids, counts), as for request parameters
+from .ops.rope import YarnScaling
 from .request_params import is_integer
 from .request_params import is_number as is_real
 
@@ -46,6 +48,7 @@ class ModelConfig:
     o_proj_bias: bool  # bias on the output projection (Qwen3 with attention_bias)
     mask_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    rope_scaling: YarnScaling | None = None  # None: plain RoPE
 
     @property
     def q_size(self) -> int:
@@ -60,8 +63,44 @@ def _fail(message: str) -> None:
     raise ValueError(f"config.json: {message}")
 
 
-def _rope_theta(config: dict) -> float:
-    """RoPE base from ``rope_theta`` or ``rope_parameters.rope_theta``; rejects scaling."""
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "truncate")
+
+
+def _yarn(rope: dict, key: str) -> YarnScaling:
+    """``key`` (``rope_scaling`` / ``rope_parameters``) of ``rope_type`` ``yarn``, as
+    transformers and vLLM read it; the DeepSeek variant's ``mscale`` keys are refused."""
+    for name in ("mscale", "mscale_all_dim"):
+        if rope.get(name) is not None:
+            _fail(f"{key}.{name} is not supported (DeepSeek's YaRN variant); plain YaRN "
+                  "takes factor, original_max_position_embeddings, beta_fast, beta_slow, "
+                  "attention_factor and truncate")
+    for name in ("factor", "original_max_position_embeddings"):
+        if rope.get(name) is None:
+            _fail(f"{key}.{name} is missing: YaRN needs it")
+    values = {name: rope[name] for name in YARN_KEYS if rope.get(name) is not None}
+    for name, value in values.items():
+        if name == "truncate":
+            if not isinstance(value, bool):
+                _fail(f"{key}.truncate must be true or false, got {value!r}")
+        elif name == "original_max_position_embeddings":
+            if not is_integer(value):
+                _fail(f"{key}.{name} must be an integer >= 1, got {value!r}")
+        elif not is_real(value):
+            _fail(f"{key}.{name} must be a number, got {value!r}")
+    numbers = {name: (value if name in ("truncate", "original_max_position_embeddings")
+                      else float(value)) for name, value in values.items()}
+    try:
+        return YarnScaling(**numbers)
+    except (TypeError, ValueError) as error:
+        _fail(f"{key}: {str(error).replace('`', '')}")
+
+
+def _rope(config: dict) -> tuple[float, YarnScaling | None]:
+    """RoPE base from ``rope_theta`` or ``rope_parameters.rope_theta``, and YaRN scaling
+    from ``rope_scaling`` / ``rope_parameters`` (``rope_type`` ``yarn``); refuses any other
+    scaling and a partial rotary factor."""
+    yarn: YarnScaling | None = None
     for key in ("rope_parameters", "rope_scaling"):
         rope = config.get(key)
         if rope is None:
@@ -69,13 +108,18 @@ def _rope_theta(config: dict) -> float:
         if not isinstance(rope, dict):
             _fail(f"{key} must be an object, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
+        if rope_type not in ("default", "yarn"):
             _fail(
-                f"unsupported RoPE scaling {key}.rope_type={rope_type!r}; only plain "
-                "('default') RoPE is implemented"
+                f"unsupported RoPE scaling {key}.rope_type={rope_type!r}; plain ('default') "
+                "RoPE and YaRN ('yarn') are implemented"
             )
         if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
             _fail("partial_rotary_factor != 1 is not supported")
+        if rope_type == "yarn":
+            found = _yarn(rope, key)
+            if yarn is not None and found != yarn:
+                _fail("rope_scaling and rope_parameters give different YaRN settings")
+            yarn = found
     top_level = config.get("rope_theta")
     nested = (config.get("rope_parameters") or {}).get("rope_theta")
     if top_level is not None and nested is not None and float(top_level) != float(nested):
@@ -83,7 +127,7 @@ def _rope_theta(config: dict) -> float:
     theta = top_level if top_level is not None else nested
     if theta is None:
         _fail("no rope_theta (neither at the top level nor in rope_parameters)")
-    return _positive_float({"rope_theta": theta}, "rope_theta", 0.0)
+    return _positive_float({"rope_theta": theta}, "rope_theta", 0.0), yarn
 
 
 _MISSING = object()
@@ -174,6 +218,7 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
     generation_eos = _token_ids((generation_config or {}).get("eos_token_id"),
                                 "generation_config.json eos_token_id", vocab_size)
     eos += tuple(t for t in generation_eos if t not in eos)
+    rope_theta, rope_scaling = _rope(config)
     return ModelConfig(
         model_type=model_type,
         hidden_size=hidden_size,
@@ -184,7 +229,7 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
         intermediate_size=intermediate_size,
         vocab_size=vocab_size,
         rms_norm_eps=_positive_float(config, "rms_norm_eps", 1e-6),
-        rope_theta=_rope_theta(config),
+        rope_theta=rope_theta,
         max_position_embeddings=max_positions,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qk_norm=qk_norm,
@@ -192,6 +237,7 @@ def config_from_dict(config: dict, generation_config: dict | None = None) -> Mod
         o_proj_bias=o_proj_bias,
         mask_token_id=None if mask_token_id is None else int(mask_token_id),
         eos_token_ids=eos,
+        rope_scaling=rope_scaling,
     )
 
 

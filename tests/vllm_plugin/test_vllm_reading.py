@@ -161,12 +161,38 @@ def test_a_config_the_two_front_ends_read_differently_stops_the_engine_naming_th
     model_min.load_model(path)  # model_min reads it (its own way)
 
 
-def test_rope_scaling_is_refused_by_both_front_ends(engines, tmp_path):
-    # model_min implements plain RoPE only, and the plugin reads the config as it does
-    config = small(QWEN3_FLAVOUR, rope_scaling={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})
-    path = write(tmp_path / "yarn", config, random_weights(small(QWEN3_FLAVOUR), seed=1))
-    message = r"unsupported RoPE scaling rope_scaling.rope_type='yarn'"
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_a_yarn_checkpoint_decodes_past_its_trained_context_as_in_model_min(engines, tmp_path,
+                                                                           key):
+    # YaRN over 64 trained positions, factor 4: vLLM's table, and its length limit, is 256
+    # positions; the requests decode to position 230
+    rope = {**YARN, "rope_theta": 1e4} if key == "rope_parameters" else YARN
+    config = small(QWEN3_FLAVOUR, **{key: rope})
+    if key == "rope_parameters":
+        del config["rope_theta"]
+    path = write(tmp_path / f"yarn-{key}", config, random_weights(config, seed=4))
+    assert config_from_dict(config).rope_scaling is not None
+    prompts = prompts_for(300, seed=2)
+    greedy = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True, detokenize=False)
+    seeded = [SamplingParams(max_tokens=200, temperature=0.8, top_k=40, seed=seed,
+                             ignore_eos=True, detokenize=False) for seed in (1, 2, 3, 4)]
+    with engines.own(path, skip_tokenizer_init=True) as engine:
+        got_greedy = vllm_generate(engine, prompts, greedy)
+        got_seeded = vllm_generate(engine, prompts, seeded)
+    model = (model_min.load_model(path), None)
+    assert got_greedy == reference_generate(model, prompts,
+                                            model_min.SamplingParams(max_new_tokens=200))
+    assert got_seeded == reference_generate(model, prompts, [model_min.SamplingParams(
+        max_new_tokens=200, temperature=0.8, top_k=40, seed=seed) for seed in (1, 2, 3, 4)])
+
+
+def test_rope_scaling_other_than_yarn_is_refused_by_both_front_ends(engines, tmp_path):
+    config = small(QWEN3_FLAVOUR, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    path = write(tmp_path / "linear", config, random_weights(small(QWEN3_FLAVOUR), seed=1))
+    message = r"unsupported RoPE scaling rope_scaling.rope_type='linear'"
     with pytest.raises(ValueError, match=message):
         model_min.load_model(path)
     start_fails(engines, path, message)

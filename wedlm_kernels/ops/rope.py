@@ -15,6 +15,7 @@ fallback) and ``rope_kv_append_triton`` (one fused Triton kernel launch per call
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -33,8 +34,91 @@ from .._validate import (
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 
+@dataclass(frozen=True)
+class YarnScaling:
+    r"""YaRN RoPE scaling (Peng et al. 2023), as Qwen3 configures it for long contexts
+    (``"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 32768}``), and as transformers and vLLM compute it.
+
+    The math, once: the plain frequencies are ``f_i = theta**(-2i/D)``, ``i < D/2``. Pair
+    ``i`` turns ``r_i = L / (2 pi / f_i)`` times over the ``L =
+    original_max_position_embeddings`` trained positions. Pairs that turn often (high
+    frequency, ``r_i > beta_fast``) keep ``f_i`` (extrapolation); pairs that turn rarely
+    (``r_i < beta_slow``) take ``f_i / factor`` (interpolation, as position interpolation
+    would); a linear ramp blends the two between the pair indices ``low`` and ``high``
+    where ``r_i`` crosses ``beta_fast`` and ``beta_slow``:
+    ``index(r) = D * ln(L / (2 pi r)) / (2 ln theta)``, floored and ceiled when
+    ``truncate``, clamped to ``[0, D - 1]``, and
+    ``ramp_i = clamp((i - low) / (high - low), 0, 1)`` (``high += 0.001`` when equal).
+    Then ``f'_i = f_i / factor * ramp_i + f_i * (1 - ramp_i)``, and the table's cosines and
+    sines are multiplied by ``attention_factor`` (default ``0.1 * ln(factor) + 1``, 1 for
+    ``factor <= 1``), which sharpens attention over the longer context.
+
+    Parameters
+    ----------
+    factor : float
+        Context extension factor, ``>= 1``.
+    original_max_position_embeddings : int
+        ``L``, the trained context length, ``>= 1``.
+    beta_fast, beta_slow : float
+        Turn counts bounding the ramp (defaults 32 and 1), ``> 0``.
+    attention_factor : float or None
+        Scale of cos and sin, ``> 0``; None for the default above.
+    truncate : bool
+        Round the ramp's bounds to whole pair indices (the default, as transformers and
+        vLLM do).
+    """
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        check_float("factor", self.factor)
+        if not 1.0 <= self.factor < math.inf:
+            raise ValueError(f"`factor` must be a finite number >= 1, got {self.factor!r}")
+        check_int("original_max_position_embeddings", self.original_max_position_embeddings,
+                  minimum=1)
+        for name in ("beta_fast", "beta_slow"):
+            check_float(name, getattr(self, name), positive=True)
+        if self.attention_factor is not None:
+            check_float("attention_factor", self.attention_factor, positive=True)
+        if not isinstance(self.truncate, bool):
+            raise TypeError(f"`truncate` must be a bool, got {self.truncate!r}")
+
+    @property
+    def scale(self) -> float:
+        """The factor cos and sin are multiplied by."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0
+
+    def inv_freq(self, head_dim: int, theta: float) -> torch.Tensor:
+        """The ``D/2`` scaled frequencies ``f'_i``, float64."""
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        plain = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -exponents)
+
+        def pair_index(turns: float) -> float:
+            return (head_dim * math.log(self.original_max_position_embeddings
+                                        / (turns * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = pair_index(self.beta_fast), pair_index(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)
+                ).clamp(0, 1)
+        return plain / self.factor * ramp + plain * (1 - ramp)
+
+
 def rope_cache(
-    max_pos: int, head_dim: int, theta: float, device: torch.device | None = None
+    max_pos: int, head_dim: int, theta: float, device: torch.device | None = None,
+    yarn: YarnScaling | None = None,
 ) -> torch.Tensor:
     r"""Build the RoPE table used by :func:`rope_kv_append`.
 
@@ -48,14 +132,18 @@ def rope_cache(
         RoPE base (``rope_theta`` of the model config, e.g. ``1e6`` for Qwen3), ``> 0``.
     device : torch.device, optional
         Where to put the table (default: CPU).
+    yarn : YarnScaling, optional
+        YaRN scaling (:class:`YarnScaling`): its frequencies, and cos and sin times its
+        attention factor. None: plain RoPE.
 
     Returns
     -------
     cos_sin : torch.Tensor
         ``[max_pos, head_dim]`` float32, contiguous: ``cos_sin[p, :D/2] = cos(p * inv_freq)``,
-        ``cos_sin[p, D/2:] = sin(p * inv_freq)`` with ``inv_freq_i = theta**(-2i/D)``. The
-        angles are computed in float64 on the CPU (so every device gets the same bits) and
-        stored as float32.
+        ``cos_sin[p, D/2:] = sin(p * inv_freq)`` with ``inv_freq_i = theta**(-2i/D)`` (with
+        ``yarn``: its frequencies, and both halves times its attention factor). The angles
+        are computed in float64 on the CPU (so every device gets the same bits) and stored
+        as float32.
 
     Example
     -------
@@ -63,16 +151,26 @@ def rope_cache(
     >>> cos_sin = wk.rope_cache(4096, 128, 1e6)
     >>> cos_sin.shape, cos_sin.dtype
     (torch.Size([4096, 128]), torch.float32)
+    >>> long = wk.rope_cache(8, 128, 1e6, yarn=wk.YarnScaling(4.0, 32768))
+    >>> round(float(long[0, 0]), 4)  # cos(0) times the attention factor 0.1 * ln(4) + 1
+    1.1386
     """
     check_int("max_pos", max_pos, minimum=1)
     check_int("head_dim", head_dim, minimum=1)
     if head_dim % 2 != 0:
         raise ValueError(f"`head_dim` must be even, got {head_dim}")
     check_float("theta", theta, positive=True)
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-    inv_freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -exponents)
+    if yarn is not None and not isinstance(yarn, YarnScaling):
+        raise TypeError(f"`yarn` must be a YarnScaling or None, got {type(yarn).__name__}")
+    if yarn is None:
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        inv_freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -exponents)
+        scale = 1.0
+    else:
+        inv_freq, scale = yarn.inv_freq(head_dim, theta), yarn.scale
     angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    table = torch.cat([torch.cos(angles), torch.sin(angles)], dim=1).to(torch.float32)
+    table = torch.cat([torch.cos(angles), torch.sin(angles)], dim=1) * scale
+    table = table.to(torch.float32)
     return table.to(device) if device is not None else table
 
 

@@ -13,6 +13,7 @@ disagreement stops the engine, naming the field and both readings. :func:`check_
 then holds every tensor ``load_weights`` receives to the same reading.
 """
 
+import math
 from typing import Any
 
 import torch
@@ -77,10 +78,14 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
     naming the first field they disagree on. ``model_config``: vLLM's ``ModelConfig``
     (its ``hf_config`` holds the mask id the window state masks with)."""
     from vllm.model_executor.layers.activation import SiluAndMul
-    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm.model_executor.layers.rotary_embedding import (
+        RotaryEmbedding,
+        YaRNScalingRotaryEmbedding,
+    )
     from vllm.v1.attention.backend import AttentionType
 
     decoder = type(model.model).__name__
+    kinds = {RotaryEmbedding: "default", YaRNScalingRotaryEmbedding: "yarn"}
 
     def same(field: str, ours: Any, theirs: Any, hint: str = "") -> None:
         if ours != theirs:
@@ -125,29 +130,43 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
              "silu" if isinstance(layer.mlp.act_fn, SiluAndMul) else type(layer.mlp.act_fn))
         same(where + "attention type", AttentionType.DECODER, attention.attn.attn_type)
         same(where + "sliding window", None, getattr(attention.attn, "sliding_window", None))
-        _check_rope(where, config, attention.rotary_emb, RotaryEmbedding, same)
+        _check_rope(where, config, attention.rotary_emb, kinds, same)
 
 
-def _check_rope(where: str, config: ModelConfig, rotary: Any, plain: type, same) -> None:
-    same(where + "RoPE scaling", "default", "default" if type(rotary) is plain
-         else type(rotary).__name__)
+def _check_rope(where: str, config: ModelConfig, rotary: Any, kinds: dict[type, str],
+                same) -> None:
+    """``kinds``: vLLM's rotary embedding classes by the ``rope_type`` they implement."""
+    yarn = config.rope_scaling
+    same(where + "RoPE scaling", "default" if yarn is None else "yarn",
+         kinds.get(type(rotary), type(rotary).__name__))
     same(where + "RoPE dimension", config.head_dim, rotary.rotary_dim)
     same(where + "RoPE layout (split halves)", True, rotary.is_neox_style)
     same(where + "rope_theta", config.rope_theta, float(rotary.base))
-    same(where + "max_position_embeddings", config.max_position_embeddings,
-         rotary.max_position_embeddings)
+    if yarn is None:
+        same(where + "max_position_embeddings", config.max_position_embeddings,
+             rotary.max_position_embeddings)
+    else:  # vLLM's YaRN keeps the trained length there, and a table factor times as long
+        same(where + "original_max_position_embeddings",
+             yarn.original_max_position_embeddings, rotary.max_position_embeddings)
+        same(where + "YaRN factor", yarn.factor, float(rotary.scaling_factor))
+        same(where + "YaRN beta_fast, beta_slow, truncate",
+             (yarn.beta_fast, yarn.beta_slow, yarn.truncate),
+             (float(rotary.beta_fast), float(rotary.beta_slow), rotary.truncate))
+        if not math.isclose(yarn.scale, float(rotary.mscale), rel_tol=1e-9):
+            same(where + "YaRN attention factor", yarn.scale, float(rotary.mscale))
     rows = min(ROPE_ROWS_COMPARED, rotary.cos_sin_cache.shape[0])
     theirs = rotary.cos_sin_cache[:rows].float().cpu()
-    ours = wk.rope_cache(rows, config.head_dim, config.rope_theta)
+    ours = wk.rope_cache(rows, config.head_dim, config.rope_theta, yarn=yarn)
     # float32 angles: position * inv_freq rounds to about position * 2**-24 radians
-    tolerance = torch.arange(rows, dtype=torch.float32)[:, None] * 2.0**-21 + 1e-6
+    scale = 1.0 if yarn is None else yarn.scale
+    tolerance = (torch.arange(rows, dtype=torch.float32)[:, None] * 2.0**-21 + 1e-6) * scale
     excess = ((theirs - ours).abs() - tolerance).max().item()  # startup, not a decode step
     if not excess <= 0:
         raise ConfigMismatchError(
             f"{ARCHITECTURE}: {where}vLLM's RoPE table differs from the one model_min "
-            f"builds from rope_theta = {config.rope_theta} (head_dim {config.head_dim}) by "
-            f"more than float32 rounding in its first {rows} positions; the two would "
-            "decode differently")
+            f"builds from rope_theta = {config.rope_theta} (head_dim {config.head_dim}"
+            f"{', ' + repr(yarn) if yarn else ''}) by more than float32 rounding in its "
+            f"first {rows} positions; the two would decode differently")
 
 
 def check_tensor(name: str, shape: tuple[int, ...], expected: dict[str, tuple[int, ...]],

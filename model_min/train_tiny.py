@@ -147,7 +147,7 @@ def _cycle(items: list[str], start: int, separator: str, length: int) -> str:
     return separator.join(out)
 
 
-def _count_start(rng: random.Random, step: int) -> int:
+def count_start(rng: random.Random, step: int) -> int:
     """Where a count starts: a third of the time at 0..12 steps (the first prompt a user
     types), a third just before 10, 100 or 1000 (so that the number lengthens within the
     first items, which a parallel decoder must place exactly), otherwise log-uniform in
@@ -172,7 +172,7 @@ def pattern_document(rng: random.Random, length: int) -> str:
     if family == "count":
         step = rng.choice([1, 1, 1, 2, 5, 10])
         header = "count: " if step == 1 else f"count by {step}: "
-        body, n = [], _count_start(rng, step)
+        body, n = [], count_start(rng, step)
         while len(header) + sum(len(b) + 1 for b in body) < length:
             body.append(str(n))
             n += step

@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from model_min.train_tiny import ADJECTIVES, DAYS, MONTHS, NOUNS, NUMBER_WORDS
+from model_min.train_tiny import ADJECTIVES, DAYS, MONTHS, NOUNS, NUMBER_WORDS, count_start
 
 SEED = 20261202
 OUT = Path(__file__).resolve().parent / "wedlm_patterns" / "items.jsonl"
@@ -43,19 +43,6 @@ def count(rng: random.Random, step: int, start: int, in_training: bool) -> dict:
     return item(family, in_training, header, items, " ", rng.randrange(3, 7))
 
 
-def trained_count_start(rng: random.Random, step: int) -> int:
-    """A count's start as the tiny model's training drew it: 0 to 12 steps, just before 10,
-    100 or 1000, or log-uniform in [1, 1000), rounded down to a multiple of the step."""
-    draw = rng.random()
-    if draw < 1 / 3:
-        start = rng.randrange(0, 13) * step
-    elif draw < 2 / 3:
-        start = rng.choice([10, 100, 1000]) - step * rng.randrange(1, 8)
-    else:
-        start = int(10 ** rng.uniform(0, 3))
-    return max(0, start // step * step)
-
-
 def cycle(items: list[str], start: int, length: int) -> list[str]:
     return [items[(start + i) % len(items)] for i in range(length)]
 
@@ -64,7 +51,7 @@ def in_training_items(rng: random.Random) -> list[dict]:
     out = []
     for _ in range(PER_FAMILY_IN_TRAINING):
         step = rng.choice([1, 2, 5, 10])
-        out.append(count(rng, step, trained_count_start(rng, step), True))
+        out.append(count(rng, step, count_start(rng, step), True))
     for _ in range(PER_FAMILY_IN_TRAINING):
         a, start = rng.randrange(2, 13), rng.randrange(1, 4)
         items = [f"{a}x{i}={a * i}" for i in range(start, start + 12)]

@@ -86,7 +86,8 @@ test-oldest:
 	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0" "matplotlib==3.9.0")
 
 # The constraints resolve against the plain package index, for the default (CUDA) torch,
-# with the engine's extras and the vLLM plugin's (the GPU vllm the README installs):
+# with the engine's extras and the vLLM plugin's (the GPU vllm the README installs), and make
+# eval's lm-eval (bench/eval/constraints.txt):
 # isolated mode, so that no local wheel directory can hide a conflict (a scratch venv,
 # removed).
 check-constraints:
@@ -94,7 +95,9 @@ check-constraints:
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
 			torch && \
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
-			".[dev,cuda,vllm]"; \
+			".[dev,cuda,vllm]" && \
+		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run \
+			-c bench/eval/constraints.txt "lm-eval[api]"; \
 		status=$$?; rm -rf $$scratch; exit $$status
 
 # The vLLM plugin (wedlm_kernels.integrations.vllm) against a real vLLM engine on the CPU:

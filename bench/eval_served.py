@@ -265,6 +265,15 @@ def metrics_of(report: dict, task: str) -> dict[str, float | None]:
     return found
 
 
+def sent_prompt(sample: dict) -> str:
+    """The prompt lm-eval sent for a generation sample: its logged samples file keeps a
+    request's arguments as ``{"gen_args_0": {"arg_0": prompt, "arg_1": gen_kwargs}}``."""
+    arguments = sample["arguments"]
+    if isinstance(arguments, dict):
+        return arguments["gen_args_0"]["arg_0"]
+    return arguments[0][0]
+
+
 def run_lm_eval(plan: Plan, setting: Setting, condition: Condition, server: Server,
                 run_dir: Path) -> dict:
     before = server.settled_counters()
@@ -289,7 +298,8 @@ def run_lm_eval(plan: Plan, setting: Setting, condition: Condition, server: Serv
     for task in plan.tasks:
         report, samples = read_results(output_path, task)
         tasks[task] = {"metrics": metrics_of(report, task),
-                       "answers": [{"doc_id": s["doc_id"], "prompt": s["doc"].get("prompt"),
+                       # the context lm-eval sent, and the generation it scored
+                       "answers": [{"doc_id": s["doc_id"], "prompt": sent_prompt(s),
                                     "answer": s["resps"][0][0]} for s in samples]}
     steps = counts["denoising_steps"]
     return {"setting": setting.name, "condition": condition.name, "seed": condition.seed,
@@ -303,10 +313,10 @@ def run_lm_eval(plan: Plan, setting: Setting, condition: Condition, server: Serv
 
 
 def model_min_answers(setting: Setting, condition: Condition, prompts: list[str]) -> tuple[
-        list[str], int, int]:
+        list[str], int | None, int | None]:
     """model_min's answers to ``prompts`` offline with ``setting`` and ``condition`` (stop
     at the tiny model's eos, at most :data:`MAX_GEN_TOKENS`, cut at the task's "\\n"), and
-    its committed tokens and forwards over them."""
+    its committed tokens and forwards over them (None where an answer had a newline)."""
     import model_min
 
     tokenizer = model_min.load_tokenizer(TINY)
@@ -319,6 +329,10 @@ def model_min_answers(setting: Setting, condition: Condition, prompts: list[str]
         penalty=setting.penalty)
     results = generator.generate(prompts, params, mode=setting.mode)
     answers = [result.text.split("\n", 1)[0] for result in results]
+    if any("\n" in result.text for result in results):
+        # the server stopped such a request at the newline, model_min decoded on: their
+        # token and forward counts are not comparable
+        return answers, None, None
     return answers, sum(len(r.token_ids) for r in results), sum(r.forwards for r in results)
 
 
@@ -337,7 +351,7 @@ def check_run(run: dict, setting: Setting, condition: Condition, check_items: in
             raise RunError(f"{setting.name}, {condition.name}: item {entry['doc_id']} "
                            f"served {entry['answer']!r}, model_min {want!r}")
     result = {"items_compared": len(checked)}
-    if len(checked) == len(answers):
+    if len(checked) == len(answers) and tokens is not None:
         served = run["counters"]
         if (served["committed_tokens"], served["denoising_steps"]) != (tokens, forwards):
             raise RunError(f"{setting.name}, {condition.name}: the server committed "
@@ -356,7 +370,7 @@ def spread(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "min": None, "max": None, "std": None, "n": 0}
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+            "std": statistics.stdev(values) if len(values) > 1 else None, "n": len(values)}
 
 
 def summarise(runs: list[dict], settings: list[Setting], task: str,
@@ -620,8 +634,9 @@ def summary(rows: list[dict]) -> dict:
         out[row["setting"]] = {
             "greedy_exact": greedy, "sampled_exact_mean": row["sampled"]["mean"],
             "tokens_per_forward": row["tokens_per_forward"], "wall_vs_ar": row["wall_vs_ar"],
-            "greedy_exact_vs_ar": (None if ar is None or greedy is None or not (
-                ar["greedy"] or {}).get("exact") else greedy - ar["greedy"]["exact"])}
+            "greedy_exact_vs_ar": (None if ar is None or greedy is None
+                                   or (ar["greedy"] or {}).get("exact") is None
+                                   else greedy - ar["greedy"]["exact"])}
     return out
 
 

@@ -238,3 +238,37 @@ def test_a_tied_checkpoint_that_stores_a_head_of_its_own_decodes_with_it_in_both
             max_tokens=12, temperature=0, ignore_eos=True, detokenize=False))
     assert got == reference_generate((model_min.load_model(path), None), prompts,
                                      model_min.SamplingParams(max_new_tokens=12))
+
+
+def _patch_one_weight(worker) -> bool:
+    """A weight patch as vLLM's weight transfer sends it: load_weights with one tensor."""
+    model = worker.model_runner.model
+    name = "model.norm.weight"
+    parameter = dict(model.named_parameters())[name]
+    model.load_weights([(name, torch.full(tuple(parameter.shape), 0.5))])
+    return bool(torch.all(parameter == 0.5))
+
+
+def test_a_later_load_weights_may_send_part_of_the_checkpoint(engines, tmp_path):
+    # the checkpoint's load holds every tensor to the config; a patch after it sends one
+    config = small(QWEN3_FLAVOUR)
+    path = write(tmp_path / "patched", config, random_weights(config, seed=5))
+    with engines.own(path, skip_tokenizer_init=True) as engine:
+        assert engine.collective_rpc(_patch_one_weight) == [True]
+
+
+def test_a_bf16_engine_passes_the_rope_check_and_decodes(engines, tmp_path):
+    # vLLM keeps its RoPE table in the engine's dtype: the check compares the float32 one
+    config = small(QWEN3_FLAVOUR)
+    path = write(tmp_path / "bf16", config, random_weights(config, seed=6))
+    with engines.own(path, skip_tokenizer_init=True, dtype="bfloat16") as engine:
+        [(tokens, _, _)] = vllm_generate(engine, [[1, 2, 3]], SamplingParams(
+            max_tokens=8, temperature=0, ignore_eos=True, detokenize=False))
+    assert len(tokens) == 8
+
+
+def test_a_pre_quantized_checkpoint_is_refused_naming_why(engines, tmp_path):
+    config = small(QWEN3_FLAVOUR, quantization_config={"quant_method": "fp8",
+                                                       "activation_scheme": "dynamic"})
+    path = write(tmp_path / "fp8", config, random_weights(small(QWEN3_FLAVOUR), seed=1))
+    start_fails(engines, path, "the checkpoint is pre-quantized", dtype="bfloat16")

@@ -63,17 +63,21 @@ class WeDLMForCausalLM(Qwen3ForCausalLM):
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
         # one reading of the checkpoint: what vLLM built must be what model_min decodes
         self.checkpoint_config = checkpoint_config(vllm_config.model_config)
+        self._checkpoint_loaded = False
         check_model_reads_config(self, self.checkpoint_config, vllm_config.model_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """vLLM's Qwen3 loading, each tensor held to the checkpoint's config first: a
-        missing, unexpected or mis-shaped tensor (its whole shape, before the
-        tensor-parallel split) is a ``CheckpointError`` naming it, as in model_min."""
+        """vLLM's Qwen3 loading, each tensor held to the checkpoint's config first: an
+        unexpected or mis-shaped tensor (its whole shape, before the tensor-parallel
+        split), and on the first call (the checkpoint's load) a missing one, is a
+        ``CheckpointError`` naming it, as in model_min."""
         expected, seen = expected_shapes(self.checkpoint_config), set()
         checked = ((name, tensor) for name, tensor in weights
                    if check_tensor(name, tuple(tensor.shape), expected, seen))
         loaded = super().load_weights(checked)
-        check_all_seen(self.checkpoint_config, expected, seen)
+        if not self._checkpoint_loaded:  # later calls (weight patches) send a part only
+            check_all_seen(self.checkpoint_config, expected, seen)
+            self._checkpoint_loaded = True
         return loaded
 
     @staticmethod

@@ -40,9 +40,10 @@ class ConfigMismatchError(ValueError):
 
 def checkpoint_config(model_config: Any) -> ModelConfig:
     """The shared reading of the engine's checkpoint: its ``config.json`` with the
-    engine's ``hf_overrides`` applied (a dict's entries replace the file's, nested dicts
-    merged; a callable's result is read from vLLM's config object instead, as
-    ``to_dict()`` gives it)."""
+    engine's ``hf_overrides`` applied (a dict's entries replace the file's, a dict-valued
+    one whole, as vLLM applies them to a text model's config; a callable's result is read
+    from vLLM's config object instead, as ``to_dict()`` gives it, which carries the config
+    class's defaults where the file was silent)."""
     from vllm.transformers_utils.repo_utils import get_hf_file_to_dict
 
     overrides = model_config.hf_overrides
@@ -53,11 +54,7 @@ def checkpoint_config(model_config: Any) -> ModelConfig:
         raw = get_hf_file_to_dict("config.json", source, model_config.revision)
         if raw is None:
             raise ConfigMismatchError(f"{ARCHITECTURE}: no config.json found for {source}")
-        for key, value in (overrides or {}).items():
-            if isinstance(value, dict) and isinstance(raw.get(key), dict):
-                raw[key] = {**raw[key], **value}
-            else:
-                raw[key] = value
+        raw.update(overrides or {})  # vLLM replaces a dict-valued field too
     try:
         return config_from_dict(raw)
     except ValueError as error:
@@ -86,6 +83,11 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
 
     decoder = type(model.model).__name__
     kinds = {RotaryEmbedding: "default", YaRNScalingRotaryEmbedding: "yarn"}
+    if getattr(model_config.hf_config, "quantization_config", None) is not None:
+        raise ConfigMismatchError(
+            f"{ARCHITECTURE}: the checkpoint is pre-quantized (config.json has a "
+            "quantization_config); WeDLM is served from unquantized weights, which model_min "
+            "reads too (vLLM's online quantization, --quantization, takes them)")
 
     def same(field: str, ours: Any, theirs: Any, hint: str = "") -> None:
         if ours != theirs:
@@ -102,7 +104,7 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
     # ties them again after loading where they are equal), as model_min reads that head
     untied = getattr(model_config, "word_embeddings_untied_by_checkpoint", False)
     same("tie_word_embeddings", config.tie_word_embeddings and not untied,
-         model.lm_head.weight is embed.weight)
+         getattr(model.lm_head, "weight", None) is embed.weight)
     same("rms_norm_eps (final norm)", config.rms_norm_eps, model.model.norm.variance_epsilon)
     same("mask_token_id", config.mask_token_id,
          getattr(model_config.hf_config, "mask_token_id", None))
@@ -154,12 +156,19 @@ def _check_rope(where: str, config: ModelConfig, rotary: Any, kinds: dict[type, 
              (float(rotary.beta_fast), float(rotary.beta_slow), rotary.truncate))
         if not math.isclose(yarn.scale, float(rotary.mscale), rel_tol=1e-9):
             same(where + "YaRN attention factor", yarn.scale, float(rotary.mscale))
-    rows = min(ROPE_ROWS_COMPARED, rotary.cos_sin_cache.shape[0])
-    theirs = rotary.cos_sin_cache[:rows].float().cpu()
+    # vLLM keeps its table in the engine's dtype (bf16 in a bf16 engine): compare the
+    # float32 table it builds that from where the method is there, else the stored one
+    # within that dtype's rounding
+    compute = getattr(rotary, "_compute_cos_sin_cache", None)
+    stored = rotary.cos_sin_cache
+    table = compute() if callable(compute) else stored
+    rows = min(ROPE_ROWS_COMPARED, table.shape[0])
+    theirs = table[:rows].float().cpu()
     ours = wk.rope_cache(rows, config.head_dim, config.rope_theta, yarn=yarn)
     # float32 angles: position * inv_freq rounds to about position * 2**-24 radians
     scale = 1.0 if yarn is None else yarn.scale
-    tolerance = (torch.arange(rows, dtype=torch.float32)[:, None] * 2.0**-21 + 1e-6) * scale
+    rounding = 1e-6 if table.dtype == torch.float32 else torch.finfo(table.dtype).eps
+    tolerance = (torch.arange(rows, dtype=torch.float32)[:, None] * 2.0**-21 + rounding) * scale
     excess = ((theirs - ours).abs() - tolerance).max().item()  # startup, not a decode step
     if not excess <= 0:
         raise ConfigMismatchError(
@@ -191,7 +200,9 @@ def check_tensor(name: str, shape: tuple[int, ...], expected: dict[str, tuple[in
 
 def check_all_seen(config: ModelConfig, expected: dict[str, tuple[int, ...]],
                    seen: set[str]) -> None:
-    """After ``load_weights``: a tensor the config needs that never came is an error."""
+    """After the checkpoint's load (the model's first ``load_weights``; later calls, such
+    as vLLM's weight patches, send some tensors only): a tensor the config needs that never
+    came is an error."""
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     missing = [name for name in expected if name not in seen and name not in optional]
     if missing:

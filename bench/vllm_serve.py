@@ -360,10 +360,16 @@ def client_argv(port: int, model: str, profile: Profile, concurrency: int,
             "--metric-percentiles", "50,99", "--save-detailed", "--disable-tqdm"]
 
 
+def server_env(device: str) -> tuple[dict[str, str], list[str]]:
+    """A server's environment on ``device`` ("cpu" or "gpu"): the variables set on top of
+    this process's, and those removed (Triton's interpreter off a CPU)."""
+    env = dict(COMMON_ENV, **(CPU_ENV if device == "cpu" else {}))
+    return env, [] if device == "cpu" else ["TRITON_INTERPRET"]
+
+
 def make_plan(profile: Profile, model: str, ar_override: str | None,
               port_base: int = PORT_BASE) -> list[ServerPlan]:
-    env = dict(COMMON_ENV, **(CPU_ENV if profile.device == "cpu" else {}))
-    unset = [] if profile.device == "cpu" else ["TRITON_INTERPRET"]
+    env, unset = server_env(profile.device)
     plans = []
     for index, name in enumerate(SERVERS):
         port = free_port(port_base + index)

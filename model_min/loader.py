@@ -19,6 +19,7 @@ from wedlm_kernels.model_config import (  # noqa: F401  (CheckpointError re-expo
     IGNORED_SUFFIXES,
     CheckpointError,
     ModelConfig,
+    check_no_missing,
     expected_shapes,
 )
 
@@ -73,12 +74,8 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], s
 
 
 def _check(headers: dict, config: ModelConfig) -> None:
+    check_no_missing(config, headers)
     shapes = expected_shapes(config)
-    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    missing = [name for name in shapes if name not in headers and name not in optional]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing tensor {missing[0]}{more}: {', '.join(missing[:8])}")
     unexpected = [
         name for name in headers if name not in shapes and not name.endswith(IGNORED_SUFFIXES)
     ]

@@ -13,6 +13,7 @@ Every size is read from the file; nothing is hard-coded. RoPE settings are accep
 as a top-level ``rope_theta`` or inside ``rope_parameters`` (newer configs).
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 # an integer / a real number (Python's or numpy's), not a bool: the checks of every number
@@ -21,8 +22,8 @@ from .ops.rope import YarnScaling
 from .request_params import is_integer
 from .request_params import is_number as is_real
 
-__all__ = ["CheckpointError", "ModelConfig", "SUPPORTED_MODEL_TYPES", "config_from_dict",
-           "expected_shapes", "is_integer", "is_real"]
+__all__ = ["CheckpointError", "ModelConfig", "SUPPORTED_MODEL_TYPES", "check_no_missing",
+           "config_from_dict", "expected_shapes", "is_integer", "is_real"]
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "wedlm")
 
@@ -278,3 +279,16 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
     return shapes
 
+
+def check_no_missing(config: ModelConfig, names: Collection[str], prefix: str = "") -> None:
+    """Raise :class:`CheckpointError` naming the first of :func:`expected_shapes`' tensors
+    (and how many more) that ``names``, the tensors a checkpoint holds, lacks.
+    ``lm_head.weight`` may be absent when the embeddings are tied. ``prefix`` starts the
+    message (who read the checkpoint)."""
+    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = [name for name in expected_shapes(config)
+               if name not in names and name not in optional]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{prefix}missing tensor {missing[0]}{more}: "
+                              f"{', '.join(missing[:8])}")

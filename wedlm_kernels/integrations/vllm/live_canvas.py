@@ -31,9 +31,15 @@ class LiveCanvasError(RuntimeError):
     """The installed vLLM is not one this patch was written for."""
 
 
+def is_patched_version(version: str) -> bool:
+    """Whether ``version`` (``vllm.__version__``) is a release the plugin's patches of vLLM
+    were written for; a local build of one (``0.32.0+cu130``) counts as that release."""
+    return version.split("+", 1)[0] in PATCHED_VERSIONS
+
+
 def check_version(version: str) -> None:
     """Refuse ``canvas: "live"`` on a vLLM release the patch was not written for."""
-    if version.split("+", 1)[0] not in PATCHED_VERSIONS:  # a local build: 0.32.0+cu130
+    if not is_patched_version(version):
         raise LiveCanvasError(
             f'additional_config["wedlm"]["canvas"] = "live" patches vLLM\'s '
             f"GPUModelRunner.take_draft_token_ids, written for vLLM {list(PATCHED_VERSIONS)}; "

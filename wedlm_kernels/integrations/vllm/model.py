@@ -18,8 +18,10 @@ from vllm.model_executor.models.qwen2 import Qwen2Model
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM, Qwen3Model
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
+from wedlm_kernels.model_config import check_no_missing
+
+from . import ARCHITECTURE
 from .reading import (
-    check_all_seen,
     check_model_reads_config,
     check_tensor,
     checkpoint_config,
@@ -76,7 +78,7 @@ class WeDLMForCausalLM(Qwen3ForCausalLM):
                    if check_tensor(name, tuple(tensor.shape), expected, seen))
         loaded = super().load_weights(checked)
         if not self._checkpoint_loaded:  # later calls (weight patches) send a part only
-            check_all_seen(self.checkpoint_config, expected, seen)
+            check_no_missing(self.checkpoint_config, seen, prefix=f"{ARCHITECTURE}: ")
             self._checkpoint_loaded = True
         return loaded
 

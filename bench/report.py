@@ -675,22 +675,26 @@ def is_eval_served(data) -> bool:
 
 
 def eval_served_body(data: dict) -> list[str]:
-    """bench.eval_served: one row per setting (its greedy run, its seeds' spread)."""
-    rows = []
-    for row in data["rows"]:
-        greedy, sampled = row.get("greedy") or {}, row["sampled"]
-        rows.append([cell(row["setting"]),
-                     f"{fmt(greedy.get('exact'), 3)} ± {fmt(greedy.get('stderr'), 3)}",
-                     f"{fmt(sampled['mean'], 3)} ({fmt(sampled['min'], 3)}–"
-                     f"{fmt(sampled['max'], 3)})",
-                     fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar"], 2)])
+    """bench.eval_served: per task, one row per setting (its greedy run, its seeds' spread)."""
     plan = data["plan"]
-    return ["### Figures", "",
-            f"Task {', '.join(plan['tasks'])} ({plan['items']} items); sampled at temperature "
-            f"{plan['temperature']}, seeds {plan['seeds']}.", "",
-            *markdown_table([measurement(data), "greedy exact ± stderr",
-                             "sampled mean (min–max)", "tokens / forward", "wall / AR"],
-                            rows), "", data.get("checks_note", ""), ""]
+    lines = ["### Figures", "",
+             f"Sampled at temperature {plan['temperature']}, seeds {plan['seeds']}.", ""]
+    for task in plan["tasks"]:
+        rows = []
+        for row in (row for row in data["rows"] if row["task"] == task):
+            greedy, sampled = row.get("greedy") or {}, row["sampled"]
+            rows.append([cell(row["setting"]),
+                         f"{fmt(greedy.get('value'), 3)} ± {fmt(greedy.get('stderr'), 3)}",
+                         f"{fmt(sampled['mean'], 3)} ({fmt(sampled['min'], 3)}–"
+                         f"{fmt(sampled['max'], 3)})",
+                         fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar"], 2)])
+        metric = next((row["metric"] for row in data["rows"] if row["task"] == task), "?")
+        items = plan["items"].get(task) if isinstance(plan["items"], dict) else plan["items"]
+        lines += [f"Task {task} ({items} items), metric `{metric}`:", "",
+                  *markdown_table([measurement(data), "greedy ± stderr",
+                                   "sampled mean (min–max)", "tokens / forward", "wall / AR"],
+                                  rows), ""]
+    return lines + [data.get("checks_note", ""), ""]
 
 
 def body_lines(data: dict, plot_link: str | None) -> list[str]:

@@ -3,6 +3,7 @@ plugin's OpenAI server, over a sweep of WeDLM's settings, with AR decoding of th
 weights in the same vLLM as the baseline.
 
     make eval [EVAL_ARGS="--quick"]       # builds .venv-eval (lm-eval[api]) first
+    make eval TASKS=gsm8k,humaneval,mbpp MODEL=PATH VLLM_PYTHON=PYTHON   # on a GPU
     .venv-vllm/bin/python -m bench.eval_served [--quick | --smoke] [--dry-run]
         [--lm-eval .venv-eval/bin/lm_eval] [--tasks wedlm_patterns] [--model PATH]
         [--seeds 1 2 3] [--limit N] [--out-dir DIR]
@@ -39,9 +40,10 @@ local ``wedlm_patterns`` task (``bench/eval/wedlm_patterns``, 120 items written 
 ``bench/eval/make_patterns.py``); every figure is a CPU measurement, in
 ``bench/results/cpu/eval_served.{json,md,png}``. ``--device gpu --model PATH --tasks
 gsm8k,humaneval,mbpp`` runs lm-eval's standard generative tasks the same way (their
-datasets must be reachable or cached; this repository's machines have neither). The
-Pareto plot (matplotlib, the ``bench`` extra): quality against tokens per forward, and
-against wall time relative to AR. ``--smoke``: one setting, greedy and one seed, 4 items,
+datasets must be reachable or cached; this repository's machines have neither), each task
+reported with its own first metric (:func:`primary_metric`). The Pareto plot (matplotlib,
+the ``bench`` extra), a row per task: quality against tokens per forward, and against wall
+time relative to AR. ``--smoke``: one setting, greedy and one seed, 4 items,
 the check on every item (``tests/vllm_plugin/test_eval_served.py``).
 """
 
@@ -493,43 +495,115 @@ CPU_CAVEAT = ("CPU figures, the shipped tiny model (4 layers, width 128) on vllm
               "mostly host costs, and the quality is the tiny model's on its own patterns.")
 
 
+def pareto_front(points: list[tuple[float, float]], faster: str) -> list[int]:
+    """The indices of the points ``(speed, quality)`` no other point beats: none has at
+    least their quality at least their speed, better in one. ``faster``: ``"higher"``
+    (tokens per forward) or ``"lower"`` (wall time)."""
+    sign = 1 if faster == "higher" else -1
+
+    def beats(a, b):
+        return (sign * a[0] >= sign * b[0] and a[1] >= b[1]
+                and (sign * a[0] > sign * b[0] or a[1] > b[1]))
+
+    return [i for i, point in enumerate(points)
+            if not any(beats(other, point) for other in points)]
+
+
+def short_label(row: dict) -> str:
+    """``streaming t0.4 l0.02 W16`` -> ``τ0.4 λ0.02 W16``, for the plot."""
+    xargs = row["vllm_xargs"]
+    if xargs is None:
+        return "AR"
+    if not xargs["wedlm_entropy_threshold"]:
+        return "one token/step"
+    label = (f"τ{xargs['wedlm_entropy_threshold']:g} λ{xargs['wedlm_distance_penalty']:g} "
+             f"W{xargs['wedlm_window']}")
+    return ("block " if xargs["wedlm_mode"] == "blockwise" else "") + label
+
+
+def point_style(row: dict, thresholds: list[float]) -> tuple[str, object]:
+    """(marker, colour): the colour says the entropy threshold, the marker the window and
+    mode; AR is a black square, one token per step a grey circle."""
+    from matplotlib import colormaps
+
+    xargs = row["vllm_xargs"]
+    if xargs is None:
+        return "s", "black"
+    threshold = xargs["wedlm_entropy_threshold"]
+    if not threshold:
+        return "o", "grey"
+    rank = thresholds.index(threshold) / max(1, len(thresholds) - 1)
+    colour = colormaps["viridis"](0.1 + 0.8 * rank)
+    if xargs["wedlm_mode"] == "blockwise":
+        return "^", colour
+    return ("D" if xargs["wedlm_window"] < ENGINE_WINDOW else "o"), colour
+
+
 def draw(figure, report: dict) -> None:
     """Per task, one row of two panels: its metric against tokens per forward, and against
-    wall time relative to AR."""
+    wall time relative to AR. Filled: greedy, with lm-eval's stderr; hollow: the sampled
+    runs' mean, with their min–max. The dashed line joins the greedy Pareto front, whose
+    points are labelled."""
+    from matplotlib.lines import Line2D
+
     grouped = task_rows(report)
+    thresholds = sorted({row["vllm_xargs"]["wedlm_entropy_threshold"]
+                         for row in report["rows"] if row["vllm_xargs"]
+                         and row["vllm_xargs"]["wedlm_entropy_threshold"]})
     axes = figure.subplots(len(grouped), 2, squeeze=False)
     for (task, rows), (left, right) in zip(grouped.items(), axes):
-        for row in rows:
-            greedy, sampled = row["greedy"] or {}, row["sampled"]
-            marker = ("s" if row["server"] == "ar" else
-                      "^" if "block" in row["setting"] else "o")
-            for axis, x in ((left, row["tokens_per_forward"]), (right, row["wall_vs_ar"])):
+        for axis, key, faster in ((left, "tokens_per_forward", "higher"),
+                                  (right, "wall_vs_ar", "lower")):
+            front = []
+            for row in rows:
+                x = row[key]
                 if x is None:
                     continue
+                marker, colour = point_style(row, thresholds)
+                greedy, sampled = row["greedy"] or {}, row["sampled"]
                 if greedy.get("value") is not None:
                     axis.errorbar(x, greedy["value"], yerr=greedy.get("stderr") or 0,
-                                  fmt=marker, color="tab:blue", alpha=0.8, capsize=2)
+                                  fmt=marker, color=colour, ecolor=colour, alpha=0.85,
+                                  capsize=2, markersize=5, elinewidth=0.8)
+                    front.append((x, greedy["value"], row))
                 if sampled["mean"] is not None:
                     low = sampled["mean"] - sampled["min"]
                     high = sampled["max"] - sampled["mean"]
                     axis.errorbar(x, sampled["mean"], yerr=[[low], [high]], fmt=marker,
-                                  color="tab:orange", alpha=0.8, capsize=2)
-                if row["server"] == "ar" or "one token" in row["setting"]:
-                    y = greedy.get("value")
-                    if y is None:
-                        y = sampled["mean"] or 0
-                    axis.annotate(row["setting"], (x, y),
-                                  fontsize=7, xytext=(4, 4), textcoords="offset points")
+                                  mfc="none", color=colour, alpha=0.85, capsize=3,
+                                  markersize=8, elinewidth=0.8)
+            best = sorted((front[i] for i in pareto_front([p[:2] for p in front], faster)),
+                          key=lambda p: p[0])
+            if best:
+                axis.plot([p[0] for p in best], [p[1] for p in best], "--", color="grey",
+                          linewidth=0.8, zorder=0)
+            for x, y, row in best:
+                axis.annotate(short_label(row), (x, y), fontsize=6, xytext=(3, 4),
+                              textcoords="offset points")
         left.set_xlabel("tokens per forward (server counters)")
         right.set_xlabel("lm-eval wall time / AR's")
         metric = rows[0]["metric"] if rows else ""
         for axis in (left, right):
             axis.set_ylabel(f"{task}: {metric}", fontsize=8)
             axis.grid(alpha=0.3)
-        left.plot([], [], "o", color="tab:blue", label="greedy (± lm-eval stderr)")
-        left.plot([], [], "o", color="tab:orange",
-                  label=f"T={TEMPERATURE}, seeds (min–max)")
-        left.legend(fontsize=7, loc="lower left")
+    from matplotlib import colormaps
+
+    handles = [Line2D([], [], marker="o", linestyle="", color="grey", label="greedy ± stderr"),
+               Line2D([], [], marker="o", linestyle="", mfc="none", color="grey",
+                      label=f"T={TEMPERATURE}: seeds' mean, min–max"),
+               Line2D([], [], marker="o", linestyle="", color="black", mfc="white",
+                      label=f"W {ENGINE_WINDOW}"),
+               Line2D([], [], marker="D", linestyle="", color="black", mfc="white",
+                      label="W 8"),
+               Line2D([], [], marker="^", linestyle="", color="black", mfc="white",
+                      label="block-wise"),
+               Line2D([], [], marker="s", linestyle="", color="black", label="AR")]
+    handles += [Line2D([], [], marker="o", linestyle="", label=f"τ {threshold:g}",
+                       color=colormaps["viridis"](0.1 + 0.8 * index
+                                                  / max(1, len(thresholds) - 1)))
+                for index, threshold in enumerate(thresholds)]
+    axes[0][1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                      fontsize=7, frameon=False)
     figure.suptitle(f"{', '.join(grouped)}: quality against speed ({report['label']})",
                     fontsize=9)
 
@@ -540,7 +614,7 @@ def write_outputs(report: dict, out_dir: Path, plot: bool = True) -> None:
     if plot:
         height = 4.2 * max(1, len(report["plan"]["tasks"]))
         report["plot"] = plot_entry(save_plot(lambda f: draw(f, report),
-                                              out_dir / f"{stem}.png", size=(10, height)))
+                                              out_dir / f"{stem}.png", size=(12, height)))
     write_json(out_dir / f"{stem}.json", report)
     write_markdown(report, out_dir / f"{stem}.md")
 

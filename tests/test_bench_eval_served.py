@@ -170,8 +170,8 @@ def test_the_plot_has_a_row_of_panels_per_task(tmp_path):
                        "seeds": [1]},
               "rows": two_task_rows()}
     eval_served.write_outputs(report, tmp_path, plot=True)
-    # two rows of panels: 10 x (2 x 4.2) inches at 110 dpi (one task: 10 x 4.2)
-    assert_png(tmp_path / "eval_served.png", size=(1100, 924))
+    # two rows of panels: 12 x (2 x 4.2) inches at 110 dpi (one task: 12 x 4.2)
+    assert_png(tmp_path / "eval_served.png", size=(1320, 924))
 
 
 def test_make_eval_runs_lm_evals_tasks_on_a_checkpoint_with_the_given_python(tmp_path):
@@ -216,3 +216,20 @@ def test_on_a_gpu_the_servers_hold_the_standard_tasks_prompts(tmp_path, capsys):
     assert all(argv[argv.index("--tasks") + 1] == "gsm8k,humaneval,mbpp"
                and "--confirm_run_unsafe_code" in argv and "--samples" not in argv
                for argv in runs)
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats():
+    #          fast, good   slow, best   fast, worse   slowest, worse (beaten by both)
+    points = [(5.0, 0.60), (1.0, 0.70), (5.0, 0.50), (0.5, 0.40)]
+    assert eval_served.pareto_front(points, faster="higher") == [0, 1]
+    # wall time: lower is faster, so the 0.5 point is now the fastest of all
+    assert eval_served.pareto_front(points, faster="lower") == [1, 3]
+    assert eval_served.pareto_front([(1.0, 0.5), (1.0, 0.5)], faster="higher") == [0, 1]
+
+
+def test_plot_labels_name_the_setting_briefly():
+    rows = {s.name: {"vllm_xargs": s.vllm_xargs()} for s in eval_served.sweep()}
+    labels = {name: eval_served.short_label(row) for name, row in rows.items()}
+    assert labels["streaming t0.2 l0.1 W8"] == "τ0.2 λ0.1 W8"
+    assert labels["block-wise t0.4 l0.02 W16"] == "block τ0.4 λ0.02 W16"
+    assert labels["one token per step"] == "one token/step" and labels["AR"] == "AR"

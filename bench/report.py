@@ -687,12 +687,14 @@ def eval_served_body(data: dict) -> list[str]:
                          f"{fmt(greedy.get('value'), 3)} ± {fmt(greedy.get('stderr'), 3)}",
                          f"{fmt(sampled['mean'], 3)} ({fmt(sampled['min'], 3)}–"
                          f"{fmt(sampled['max'], 3)})",
-                         fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar"], 2)])
+                         fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar_greedy"], 2),
+                         fmt(row["wall_vs_ar_sampled"], 2)])
         metric = next((row["metric"] for row in data["rows"] if row["task"] == task), "?")
         items = plan["items"].get(task) if isinstance(plan["items"], dict) else plan["items"]
         lines += [f"Task {task} ({items} items), metric `{metric}`:", "",
                   *markdown_table([measurement(data), "greedy ± stderr",
-                                   "sampled mean (min–max)", "tokens / forward", "wall / AR"],
+                                   "sampled mean (min–max)", "tokens / forward",
+                                   "wall / AR greedy", "wall / AR sampled"],
                                   rows), ""]
     return lines + [data.get("checks_note", ""), ""]
 

@@ -78,7 +78,9 @@ from bench.vllm_serve import (
     Server,
     ServerPlan,
     ar_architecture,
+    device_facts,
     free_port,
+    machine_facts,
     server_env,
     write_checkpoint,
 )
@@ -494,7 +496,7 @@ def write_markdown(report: dict, path: Path) -> None:
         lines += [f"## `{task}` ({items} items), metric `{metric}`", "",
                   *markdown_table(headers, table), ""]
     lines += ["## Checks", "", report["checks_note"], "", f"Plot: {report['plot']}", ""]
-    if report["device"] == "cpu":
+    if report["label"] == CPU_LABEL:
         lines += [f"- {CPU_CAVEAT}", ""]
     path.write_text("\n".join(lines))
 
@@ -765,7 +767,8 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
         "benchmark": MODULE,
         "name": NAME + ("_smoke" if args.smoke else "_quick" if args.quick else ""),
         "date": utc_now(), "label": CPU_LABEL if plan.device == "cpu" else "GPU measurement",
-        "device": plan.device, "command": command_line(MODULE, argv),
+        "device": device_facts(plan.device), "machine": machine_facts(plan.device),
+        "command": command_line(MODULE, argv),
         "wall_s": round(time.perf_counter() - started, 1), "versions": versions(plan),
         "plan": {"tasks": plan.tasks, "items": items, "limit": plan.limit,
                  "samples": plan.samples,

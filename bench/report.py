@@ -690,8 +690,7 @@ def eval_served_body(data: dict) -> list[str]:
                          fmt(row["tokens_per_forward"], 2), fmt(row["wall_vs_ar_greedy"], 2),
                          fmt(row["wall_vs_ar_sampled"], 2)])
         metric = next((row["metric"] for row in data["rows"] if row["task"] == task), "?")
-        items = plan["items"].get(task) if isinstance(plan["items"], dict) else plan["items"]
-        lines += [f"Task {task} ({items} items), metric `{metric}`:", "",
+        lines += [f"Task {task} ({plan['items'][task]} items), metric `{metric}`:", "",
                   *markdown_table([measurement(data), "greedy ± stderr",
                                    "sampled mean (min–max)", "tokens / forward",
                                    "wall / AR greedy", "wall / AR sampled"],

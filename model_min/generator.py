@@ -81,6 +81,15 @@ class SamplingParams:
     penalty: float = 0.02  # >= 0
     seed: int | None = None  # None or -1: drawn from the Generator's random generator
     stop_token_ids: tuple[int, ...] = ()  # at most 24 besides the checkpoint's eos ids
+    # The logit rules (wk.process_logits, docs/contracts.md): applied to every window slot's
+    # logits before the entropy and the selection, in every mode.
+    presence_penalty: float = 0.0  # -2 .. 2, subtracted once from tokens generated before
+    frequency_penalty: float = 0.0  # -2 .. 2, subtracted per earlier occurrence
+    repetition_penalty: float = 1.0  # > 0: divides a positive, multiplies a negative logit
+    min_p: float = 0.0  # 0 .. 1: tokens below min_p x the top token's probability cut
+    min_tokens: int = 0  # stop ids banned from the first min_tokens outputs
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: Sequence[int] | None = None  # None: every token
 
     def __post_init__(self) -> None:
         def name(field: str) -> str:
@@ -94,6 +103,21 @@ class SamplingParams:
         self.penalty = rp.distance_penalty(self.penalty, name("penalty"))
         self.seed = rp.seed(self.seed, name("seed"))
         self.stop_token_ids = rp.stop_token_ids(self.stop_token_ids, name("stop_token_ids"))
+        self.presence_penalty, self.frequency_penalty, self.repetition_penalty = rp.penalties(
+            self.presence_penalty, self.frequency_penalty, self.repetition_penalty,
+            (name("presence_penalty"), name("frequency_penalty"), name("repetition_penalty")))
+        self.min_p = rp.min_p(self.min_p, name("min_p"), self.temperature)
+        self.min_tokens = rp.min_tokens(self.min_tokens, name("min_tokens"),
+                                        self.max_new_tokens)
+        bias = rp.logit_bias(self.logit_bias, name("logit_bias"))
+        self.logit_bias = dict(bias) if bias else None
+        self.allowed_token_ids = rp.allowed_token_ids(self.allowed_token_ids,
+                                                      name("allowed_token_ids"))
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
+            0.0, 0.0, 1.0)
 
 
 def parse_threshold(text: str) -> float | None:
@@ -238,7 +262,8 @@ class Generator:
         self.trace: list[dict] | None = None
         self._owner_ids: list[int | None] = []
         self._mode = "streaming"  # of the current generate call
-        self._widths: dict[str, int] = {}  # state widths S, T, K, P of the current call
+        self._widths: dict[str, int] = {}  # state widths S, T, K, P, ... of the current call
+        self._rules: dict[str, bool] = {}  # the logit rules the current call uses
         self._device = model.device
         self._holding: list[_Request] = []  # admitted requests whose pages are not freed yet
 
@@ -278,6 +303,7 @@ class Generator:
         if not requests:
             return []
         self._mode = mode
+        self._rules = self._rules_of(requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
             if self.graphs is not None:
@@ -342,6 +368,9 @@ class Generator:
             ids = self._prompt_ids(index, prompt)
             rp.stop_token_ids(p.stop_token_ids, f"prompt {index}: stop_token_ids", vocab,
                               self.model.config.eos_token_ids)
+            rp.logit_bias(p.logit_bias, f"prompt {index}: logit_bias", vocab)
+            rp.allowed_token_ids(p.allowed_token_ids, f"prompt {index}: allowed_token_ids",
+                                 vocab)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
@@ -377,11 +406,30 @@ class Generator:
         return len(request.prompt) + request.max_new + self.window
 
     def _batch_widths(self, requests: list[_Request]) -> dict[str, int]:
+        vocab = self.model.config.vocab_size
+        rules = self._rules
         return {
             "S": 2 * self.window,
             "T": max([r.max_new for r in requests] + [1]),
             "K": max([len(r.params.stop_token_ids) for r in requests] + [1]),
             "P": max([self.cache.pages_for(self._positions(r)) for r in requests] + [1]),
+            # the logit rules' widths: 0 when no request of the call uses the rule
+            "Kb": max(len(r.params.logit_bias or ()) for r in requests),
+            "Vc": vocab if rules["penalties"] else 0,
+            "Wa": rp.bitmask_words(vocab) if rules["allowed"] else 0,
+        }
+
+    @staticmethod
+    def _rules_of(requests: list[_Request]) -> dict[str, bool]:
+        """Which logit rules some request of a generate call uses (host facts: a rule no
+        request uses is not run, and its state has width 0)."""
+        params = [r.params for r in requests]
+        return {
+            "penalties": any(p.has_penalties for p in params),
+            "min_p": any(p.min_p > 0 for p in params),
+            "min_tokens": any(p.min_tokens > 0 for p in params),
+            "bias": any(p.logit_bias for p in params),
+            "allowed": any(p.allowed_token_ids is not None for p in params),
         }
 
     def _result(self, request: _Request, tokens: list[int], forwards: int, rows: int) -> Result:
@@ -539,6 +587,7 @@ class Generator:
             seed=tensor([r.seed for r in requests], torch.int64),
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
+            **self._admit_rules(requests),
         )
         if not any(r.prompt for r in requests):
             return state
@@ -549,7 +598,78 @@ class Generator:
             self._ar_commit(state, self.model.logits(last_hidden), live)
         return state
 
+    def _admit_rules(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
+        """The logit rules' state of newly admitted requests (BatchState's fields)."""
+        device, w = self._device, self._widths
+        count, vocab = len(requests), self.model.config.vocab_size
+        params = [r.params for r in requests]
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        bias = [sorted((p.logit_bias or {}).items()) for p in params]
+        bias_ids = [[t for t, _ in b] + [-1] * (w["Kb"] - len(b)) for b in bias]
+        bias_values = [[v for _, v in b] + [0.0] * (w["Kb"] - len(b)) for b in bias]
+        prompt_mask = torch.zeros((count, w["Vc"]), dtype=torch.bool, device=device)
+        if w["Vc"]:
+            rows = [i for i, r in enumerate(requests) for _ in r.prompt]
+            ids = [t for r in requests for t in r.prompt]
+            prompt_mask[tensor(rows, torch.int64), tensor(ids, torch.int64)] = True
+        allowed = torch.full((count, w["Wa"]), -1, dtype=torch.int32, device=device)
+        for i, p in enumerate(params):
+            if w["Wa"] and p.allowed_token_ids is not None:
+                allowed[i] = tensor(rp.allowed_bitmask(p.allowed_token_ids, vocab),
+                                    torch.int32)
+        return dict(
+            output_start=tensor([len(r.prompt) for r in requests], torch.int32),
+            presence_penalty=tensor([p.presence_penalty for p in params], torch.float32),
+            frequency_penalty=tensor([p.frequency_penalty for p in params], torch.float32),
+            repetition_penalty=tensor([p.repetition_penalty for p in params], torch.float32),
+            min_p=tensor([p.min_p for p in params], torch.float32),
+            min_tokens=tensor([p.min_tokens for p in params], torch.int32),
+            bias_ids=tensor(bias_ids, torch.int64).view(count, w["Kb"]),
+            bias_values=tensor(bias_values, torch.float32).view(count, w["Kb"]),
+            output_counts=torch.zeros((count, w["Vc"]), dtype=torch.int32, device=device),
+            prompt_mask=prompt_mask,
+            allowed_mask=allowed,
+        )
+
     # ---------------------------------------------------------------- one decode step
+
+    def _apply_rules(self, s: BatchState, logits: torch.Tensor, cu_rows: torch.Tensor,
+                     row_pos: torch.Tensor) -> None:
+        """The requests' logit rules on this step's logit rows, in place (only the rules
+        some request of the call uses)."""
+        rules = self._rules
+        if not any(rules.values()):
+            return
+        penalties = rules["penalties"]
+        wk.process_logits(
+            logits, cu_rows, row_pos, s.output_start, s.temperature,
+            min_p=s.min_p if rules["min_p"] else None,
+            min_tokens=s.min_tokens if rules["min_tokens"] else None,
+            stop_ids=s.stop_ids if rules["min_tokens"] else None,
+            bias_ids=s.bias_ids if rules["bias"] else None,
+            bias_values=s.bias_values if rules["bias"] else None,
+            output_counts=s.output_counts if penalties else None,
+            prompt_mask=s.prompt_mask if penalties else None,
+            presence_penalty=s.presence_penalty if penalties else None,
+            frequency_penalty=s.frequency_penalty if penalties else None,
+            repetition_penalty=s.repetition_penalty if penalties else None,
+            allowed_mask=s.allowed_mask if rules["allowed"] else None,
+        )
+
+    def _count_outputs(self, s: BatchState, out_len_before: torch.Tensor, most: int) -> None:
+        """Add the tokens a step committed (at most ``most`` per sequence, after
+        ``out_len_before``) to the output counts the penalties read."""
+        if not self._rules["penalties"]:
+            return
+        index = out_len_before.long()[:, None] + torch.arange(most, device=self._device)
+        committed = index < s.out_len.long()[:, None]
+        tokens = s.out_tokens.gather(1, index.clamp(max=s.out_tokens.shape[1] - 1))
+        s.output_counts.scatter_add_(1, torch.where(committed, tokens, 0),
+                                     committed.to(torch.int32))
+
 
     def _step(self, state: BatchState, mode: str | None = None,
               num_rows: int | None = None) -> None:
@@ -586,6 +706,7 @@ class Generator:
         row_pos = torch.where(is_mask_row.reshape(-1), positions.index_select(0, mask_row), -1)
         cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
                                device=self._device)
+        self._apply_rules(s, logits, cu_rows, row_pos)
         token, selected, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p, s.threshold,
             s.penalty, s.seed,
@@ -595,11 +716,13 @@ class Generator:
         live = (s.win_len > 0) & ~s.finished
         s.forwards += live
         s.rows += torch.where(live, s.win_len, 0)
+        out_len_before = s.out_len.clone()
         wk.commit_window(
             s.win_tokens, s.win_mask, s.win_len, s.ctx_len, cu_rows, row_pos, token, selected,
             s.out_tokens, s.out_len, s.finished, s.stop_ids, s.max_new, window,
             self.mask_token_id, blockwise,
         )
+        self._count_outputs(s, out_len_before, s.win_tokens.shape[1])
 
     def _snapshot(self, s: BatchState, row_pos: torch.Tensor, logits: torch.Tensor) -> dict:
         """Copies of what a step was fed and computed (no host synchronisation)."""
@@ -631,10 +754,12 @@ class Generator:
         batch = s.size
         row_pos = torch.where(live, s.ctx_len.long(), -1)
         cu_rows = torch.arange(batch + 1, dtype=torch.int32, device=self._device)
+        self._apply_rules(s, logits, cu_rows, row_pos)
         token, _, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
             torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,
         )
+        out_len_before = s.out_len.clone()
         index = s.out_len.long().clamp(max=s.out_tokens.shape[1] - 1)[:, None]
         current = s.out_tokens.gather(1, index)
         s.out_tokens.scatter_(1, index, torch.where(live[:, None], token[:, None], current))
@@ -645,3 +770,4 @@ class Generator:
         s.rows += step
         is_stop = (s.stop_ids == token[:, None]).any(dim=1)
         s.finished |= live & (is_stop | (s.out_len >= s.max_new))
+        self._count_outputs(s, out_len_before, 1)

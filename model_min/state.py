@@ -34,6 +34,17 @@ _PADDING = {
     "seed": 0,
     "forwards": 0,
     "rows": 0,
+    "output_start": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "bias_ids": -1,
+    "bias_values": 0.0,
+    "output_counts": 0,
+    "prompt_mask": False,
+    "allowed_mask": -1,
 }
 
 
@@ -57,6 +68,19 @@ class BatchState:
     seed: torch.Tensor  # [B] int64
     forwards: torch.Tensor  # [B] int64: decode forwards the sequence took part in
     rows: torch.Tensor  # [B] int64: live window rows it fed
+    # The logit rules (wedlm_kernels.process_logits). Widths are 0 when no request of the
+    # generate call uses a rule: Kb bias entries, V counted tokens, ceil(V / 32) mask words.
+    output_start: torch.Tensor  # [B] int32: the prompt length (min_tokens' output index 0)
+    presence_penalty: torch.Tensor  # [B] fp32
+    frequency_penalty: torch.Tensor  # [B] fp32
+    repetition_penalty: torch.Tensor  # [B] fp32
+    min_p: torch.Tensor  # [B] fp32 (0: off)
+    min_tokens: torch.Tensor  # [B] int32
+    bias_ids: torch.Tensor  # [B, Kb] int64, -1 padded
+    bias_values: torch.Tensor  # [B, Kb] fp32
+    output_counts: torch.Tensor  # [B, V or 0] int32: committed outputs of each token
+    prompt_mask: torch.Tensor  # [B, V or 0] bool: tokens of the prompt
+    allowed_mask: torch.Tensor  # [B, ceil(V / 32) or 0] int32 bitmask (all ones: any token)
 
     @property
     def size(self) -> int:

@@ -17,6 +17,7 @@ from wedlm_kernels.request_params import ParameterError, ParameterTypeError
 
 ROOT = Path(__file__).resolve().parents[1]
 INF, NAN = math.inf, math.nan
+VOCAB = 1000
 DTYPES = {"float32": torch.float32, "int32": torch.int32, "int64": torch.int64}
 
 # The values the issue asks every field to be fuzzed with, and a few of each kind more.
@@ -39,6 +40,16 @@ def checked(field: str, value, **context):
         "seed": lambda v: rp.seed(v, "S"),
         "max_tokens": lambda v: rp.max_tokens(v, "N"),
         "stop_token_ids": lambda v: rp.stop_token_ids(v, "I", **context),
+        "presence_penalty": lambda v: rp.penalties(v, 0.0, 1.0, ("A", "F", "R"))[0],
+        "frequency_penalty": lambda v: rp.penalties(0.0, v, 1.0, ("A", "F", "R"))[1],
+        "repetition_penalty": lambda v: rp.penalties(0.0, 0.0, v, ("A", "F", "R"))[2],
+        "min_p": lambda v: rp.min_p(v, "Y", 1.0),
+        "min_tokens": lambda v: rp.min_tokens(v, "Z", context.get("max_tokens")),
+        # (the two id lists are checked within a vocabulary of VOCAB unless told otherwise)
+        "logit_bias": lambda v: rp.logit_bias(v, "B", context.get("vocab_size", VOCAB)),
+        "allowed_token_ids": lambda v: rp.allowed_token_ids(v, "L",
+                                                            context.get("vocab_size", VOCAB)),
+        "n": lambda v: rp.n(v, "C"),
     }
     try:
         return checks[field](value)
@@ -49,6 +60,10 @@ def checked(field: str, value, **context):
 def stores_in(dtype: str, value) -> None:
     """Store ``value`` in a buffer of ``dtype`` as the front ends do (a fill, and a tensor
     from a list); raises if it does not fit."""
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # logit_bias
+        stores_in("int64", tuple(token for token, _ in value))
+        stores_in("float32", tuple(bias for _, bias in value))
+        return
     buffer = torch.zeros(max(1, len(value)) if isinstance(value, tuple) else 1,
                          dtype=DTYPES[dtype])
     if isinstance(value, tuple):
@@ -65,7 +80,8 @@ def test_every_accepted_value_fits_its_buffer_and_every_refusal_names_the_field(
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if isinstance(result, ParameterError):
-        assert result.parameter in "WMTPXKQSNI" and str(result).startswith(result.parameter)
+        assert result.parameter in "WMTPXKQSNIAFRYZBLC"
+        assert str(result).startswith(result.parameter)
     elif dtype is not None and result is not None:
         stores_in(dtype, result)
 
@@ -81,6 +97,8 @@ def test_any_value_is_refused_by_name_or_stored_without_an_error(field, value):
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if not isinstance(result, ParameterError) and dtype is not None and result is not None:
+        if field == "allowed_token_ids":  # stored as the bitmask of a vocabulary holding them
+            result = tuple(rp.allowed_bitmask(result, VOCAB))
         stores_in(dtype, result)
 
 
@@ -157,17 +175,72 @@ def test_window_and_mode():
         assert checked("mode", bad).parameter == "M"
 
 
+def test_penalties_follow_vllms_bounds():
+    assert rp.penalties(-2, 2.0, 1e-3, ("A", "F", "R")) == (-2.0, 2.0, 1e-3)
+    for bad in (2.01, -2.01, INF, NAN, True, "0"):
+        assert checked("presence_penalty", bad).parameter == "A"
+        assert checked("frequency_penalty", bad).parameter == "F"
+    # repetition: finite and > 0, and not a positive value float32 holds as 0 (x / 0)
+    for bad in (0, -0.0, -1, INF, NAN, 1e-50, 3.5e38, True):
+        assert checked("repetition_penalty", bad).parameter == "R"
+    assert rp.penalties(-0.0, -0.0, 3.4e38, ("A", "F", "R")) == (0.0, 0.0, 3.4e38)
+    assert math.copysign(1, rp.penalties(-0.0, 0.0, 1.0, ("A", "F", "R"))[0]) == 1
+
+
+def test_min_p_min_tokens_n_follow_vllms_rules():
+    assert rp.min_p(0.5, "Y", 1.0) == 0.5 and rp.min_p(1, "Y", 0.3) == 1.0
+    assert rp.min_p(0.5, "Y", 0.0) == 0.0  # greedy: off, once the range check passed
+    for bad in (-0.1, 1.1, NAN, True):
+        assert checked("min_p", bad).parameter == "Y"
+        assert isinstance(checked("min_p", bad), ParameterError)
+    with pytest.raises(ParameterError, match="Y must be a number from 0 to 1"):
+        rp.min_p(2, "Y", 0.0)  # greedy requests are range-checked too
+    assert rp.min_tokens(0, "Z", 5) == 0 and rp.min_tokens(5, "Z", 5) == 5
+    assert rp.min_tokens(2**31 - 1, "Z", None) == 2**31 - 1
+    for bad in (-1, 6, 2.0, True, None):
+        assert checked("min_tokens", bad, max_tokens=5).parameter == "Z"
+    assert rp.n(1, "C") == 1 and rp.n(64, "C") == 64
+    for bad in (0, -1, 1.0, True, None):
+        assert checked("n", bad).parameter == "C"
+
+
+def test_logit_bias_and_allowed_token_ids_are_ids_in_the_vocabulary():
+    assert rp.logit_bias(None, "B") == () and rp.logit_bias({}, "B") == ()
+    assert rp.logit_bias({9: 1, 2: -0.5}, "B", 10) == ((2, -0.5), (9, 1.0))
+    assert "outside the vocabulary [0, 10)" in str(checked("logit_bias", {10: 1.0},
+                                                           vocab_size=10))
+    for bad in ({-1: 1.0}, {1: NAN}, {1: INF}, {1: 3.5e38}, {1: "2"}, {True: 1.0},
+                {"1": 1.0}, [(1, 1.0)], 3):
+        assert checked("logit_bias", bad).parameter == "B", bad
+    assert rp.logit_bias({1: -3.4e38}, "B") == ((1, -3.4e38),)
+    assert len(rp.logit_bias({i: 1.0 for i in range(300)}, "B", 1000)) == 300
+    assert "at most 300" in str(checked("logit_bias", {i: 1.0 for i in range(301)}))
+    assert rp.allowed_token_ids(None, "L") is None
+    assert rp.allowed_token_ids([5, 3, 5], "L", 10) == (5, 3)
+    for bad in ([], [10], [-1], [1.0], [True], "12", {1: 2}, 7):
+        assert checked("allowed_token_ids", bad, vocab_size=10).parameter == "L", bad
+    # bit v % 32 of word v // 32; bit 31 is the int32's sign
+    assert rp.allowed_bitmask([0, 31, 32, 99], 100) == [1 + 2**31 - 2**32, 1, 0, 8]
+
+
 @pytest.mark.parametrize("field, sampling_field", [
     ("max_tokens", "max_new_tokens"), ("temperature", "temperature"), ("top_k", "top_k"),
     ("top_p", "top_p"), ("entropy_threshold", "threshold"), ("distance_penalty", "penalty"),
     ("seed", "seed"), ("stop_token_ids", "stop_token_ids"),
+    ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
+    ("repetition_penalty", "repetition_penalty"), ("min_p", "min_p"),
+    ("min_tokens", "min_tokens"), ("allowed_token_ids", "allowed_token_ids"),
 ])
 @pytest.mark.parametrize("value", EDGE_VALUES, ids=[repr(v)[:20] for v in EDGE_VALUES])
 def test_model_min_sampling_params_accept_and_store_what_the_definition_does(
         field, sampling_field, value):
-    # top_k and top_p are checked with a sampled temperature: greedy sets them to off
-    base = {"temperature": 1.0} if field in ("top_k", "top_p") else {}
-    expected = checked(field, value)
+    # top_k, top_p and min_p are checked with a sampled temperature: greedy sets them to off
+    base = {"temperature": 1.0} if field in ("top_k", "top_p", "min_p") else {}
+    # model_min checks the ids against the model's vocabulary later (Generator.generate)
+    # (and min_tokens against SamplingParams' default max_new_tokens, 256)
+    expected = checked(field, value, **({"vocab_size": None} if field == "allowed_token_ids"
+                                        else {"max_tokens": 256} if field == "min_tokens"
+                                        else {}))
     try:
         stored = getattr(SamplingParams(**base, **{sampling_field: value}), sampling_field)
     except ParameterError as error:

@@ -7,6 +7,8 @@ Public ops (exact semantics in docs/contracts.md):
 - :func:`rope_cache` (plain or :class:`YarnScaling` RoPE), :func:`rope_kv_append`: per-head
   RMSNorm + RoPE at logical positions + K/V append into a paged cache.
 - :func:`paged_attention`: causal (bottom-right aligned) attention over a paged cache, GQA.
+- :func:`process_logits`: a request's logit rules (bans, bias, penalties, min_p, a grammar's
+  bitmask) on a step's window rows, before the selection.
 - :func:`select_tokens`: entropy, distance penalty, threshold selection and sampling.
 - :func:`commit_window`: commit, stop/length rules, window shift, fill and refill.
 - :func:`silu_mul`: ``silu(gate) * up`` read from a fused gate/up projection (the MLP).
@@ -25,6 +27,7 @@ from . import _backend, _library  # noqa: F401  (_library registers torch.ops.we
 from ._backend import BACKEND
 from .ops.attention import paged_attention
 from .ops.commit import commit_window
+from .ops.logits import process_logits
 from .ops.reorder import reorder_window
 from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
@@ -38,6 +41,7 @@ __all__ = [
     "DEBUG",
     "commit_window",
     "paged_attention",
+    "process_logits",
     "reorder_window",
     "rope_cache",
     "rope_kv_append",

@@ -19,13 +19,14 @@ import torch
 
 from . import _dispatch
 from ._backend import BACKEND
-from .ops import attention, commit, reorder, rope, select, silu_mul
+from .ops import attention, commit, logits, reorder, rope, select, silu_mul
 
 # op name -> (module, mutated arguments)
 OPS: dict[str, tuple[ModuleType, tuple[str, ...]]] = {
     "reorder_window": (reorder, ()),
     "rope_kv_append": (rope, ("k_cache", "v_cache")),
     "paged_attention": (attention, ()),
+    "process_logits": (logits, ("logits",)),
     "select_tokens": (select, ()),
     "commit_window": (
         commit,

@@ -26,6 +26,18 @@ returns the value as it is stored in the device buffer that holds it
     stop_token_ids     int64      ids in [0, vocabulary), at most  None: no stop ids
                                   24 distinct ones besides the
                                   checkpoint's eos ids
+    presence_penalty   float32    number -2 .. 2
+    frequency_penalty  float32    number -2 .. 2
+    repetition_penalty float32    number > 0, finite
+    min_p              float32    number 0 .. 1                    greedy: 0 (off)
+    min_tokens         int32      integer 0 .. max_tokens
+    logit_bias         int64 +    None or {token id: number}, ids  None and {}: no bias
+                       float32    in the vocabulary, values finite,
+                                  at most 300 entries
+    allowed_token_ids  bitmask    None or a non-empty list of ids  None: every token
+                                  in the vocabulary
+    n                  -          integer >= 1 (vLLM: > 1 needs a
+                                  temperature > 0)
 
 A boolean is never a number here (``True`` is not the integer 1), with one exception
 that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k`` and
@@ -54,6 +66,11 @@ MAX_TEMPERATURE = 2.0
 MIN_SAMPLING_TEMPERATURE = 0.01
 # Distinct stop_token_ids a request may ask for besides the checkpoint's eos ids.
 MAX_STOP_TOKEN_IDS = 24
+# Entries of logit_bias a request may hold (the vLLM plugin keeps them in a fixed buffer per
+# request slot; a bias over more tokens is better said with allowed_token_ids).
+MAX_LOGIT_BIAS = 300
+# vLLM's bounds of its presence and frequency penalties.
+MAX_ADDITIVE_PENALTY = 2.0
 
 # What each field is stored as, and its rule in words; docs/contracts.md repeats every rule
 # (tests/test_request_params.py checks that it does).
@@ -76,6 +93,17 @@ FIELDS = {
                    "the context has room for)"),
     "stop_token_ids": ("int64", "None or a list of token ids, each in [0, vocabulary), at "
                        "most 24 distinct ones besides the checkpoint's eos ids"),
+    "presence_penalty": ("float32", "a number from -2 to 2 (0: off)"),
+    "frequency_penalty": ("float32", "a number from -2 to 2 (0: off)"),
+    "repetition_penalty": ("float32", "a finite number > 0 (1: off)"),
+    "min_p": ("float32", "a number from 0 to 1 (0: off); a greedy request stores 0"),
+    "min_tokens": ("int32", "an integer from 0 to max_tokens"),
+    "logit_bias": ("int64", "None or a mapping of token ids in [0, vocabulary) to finite "
+                   "numbers (float32), at most 300 entries"),
+    "allowed_token_ids": ("int32", "None or a non-empty list of token ids in [0, vocabulary) "
+                          "(stored as a bitmask of 32 tokens a word)"),
+    "n": (None, "an integer >= 1 (sequences per request; vLLM needs a temperature > 0 for "
+          "n > 1)"),
 }
 
 
@@ -253,3 +281,135 @@ def stop_token_ids(values: Any, name: str, vocab_size: int | None = None,
                                  f"ids besides the checkpoint's eos ids, got {len(counted)}",
                                  name)
     return tuple(int(t) for t in distinct)
+
+
+def penalties(presence: Any, frequency: Any, repetition: Any, names: tuple[str, str, str]
+              ) -> tuple[float, float, float]:
+    """``(presence_penalty, frequency_penalty, repetition_penalty)`` as stored: the first two
+    from -2 to 2 (vLLM's bounds), the third a finite number > 0. ``names`` name the three.
+    (docs/contracts.md, "process_logits": the tokens they count are the committed ones.)"""
+    stored = []
+    for value, name in ((presence, names[0]), (frequency, names[1])):
+        what = f"a number from {-MAX_ADDITIVE_PENALTY:g} to {MAX_ADDITIVE_PENALTY:g}"
+        result = _number(value, name, what)
+        if not -MAX_ADDITIVE_PENALTY <= result <= MAX_ADDITIVE_PENALTY:
+            _fail(name, what, value)
+        stored.append(result + 0.0)
+    what = "a finite number > 0 (1: off)"
+    result = _number(repetition, names[2], what)
+    if not 0 < result <= FLOAT32_MAX or _float32(result) <= 0:
+        _fail(names[2], what, repetition)
+    return stored[0], stored[1], result
+
+
+def min_p(value: Any, name: str, temperature: float) -> float:
+    """min_p as stored: a number from 0 to 1; a greedy request (``temperature`` 0, as
+    :func:`sampling` stores it) stores 0, as vLLM sets it, once the range check passed."""
+    what = "a number from 0 to 1 (0: off)"
+    result = _number(value, name, what)
+    if not 0 <= result <= 1:
+        _fail(name, what, value)
+    return 0.0 if temperature == 0 else result + 0.0
+
+
+def min_tokens(value: Any, name: str, max_tokens_value: int | None) -> int:
+    """min_tokens: an integer from 0 to ``max_tokens`` (as :func:`max_tokens` stores it;
+    None: the int32 bound)."""
+    most = INT32_MAX if max_tokens_value is None else max_tokens_value
+    what = f"an integer from 0 to {'2**31 - 1' if most == INT32_MAX else most} (max_tokens)"
+    result = _integer(value, name, what)
+    if not 0 <= result <= most:
+        _fail(name, what, value)
+    return result
+
+
+def logit_bias(value: Any, name: str, vocab_size: int | None = None
+               ) -> tuple[tuple[int, float], ...]:
+    """logit_bias as stored: ``((token id, bias), ...)`` in increasing id order, each id in
+    ``[0, vocab_size)`` (``[0, 2**63)`` while the vocabulary is not known), each bias a
+    finite number that float32 holds; at most :data:`MAX_LOGIT_BIAS` entries; None and an
+    empty mapping are no bias."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ParameterTypeError(f"{name} must be a mapping of token ids to numbers, got "
+                                 f"{value!r:.80}", name)
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ParameterError(f"{name} may hold at most {MAX_LOGIT_BIAS} entries, got "
+                             f"{len(value)}", name)
+    end = INT64_MAX + 1 if vocab_size is None else vocab_size
+    entries = []
+    for token, bias in value.items():
+        if not is_integer(token):
+            raise ParameterTypeError(f"{name} must map integer token ids to numbers, got the "
+                                     f"key {token!r:.80}", name)
+        if not 0 <= token < end:
+            bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
+            raise ParameterError(f"{name} has token id {int(token)} outside {bound}", name)
+        what = (f"a finite number from {-FLOAT32_MAX:.8g} to {FLOAT32_MAX:.8g} (the bias of "
+                f"token {int(token)})")
+        number = _number(bias, name, what)
+        if not -FLOAT32_MAX <= number <= FLOAT32_MAX:
+            _fail(name, what, bias)
+        entries.append((int(token), number + 0.0))
+    if len({token for token, _ in entries}) != len(entries):  # 1 and 1.0-like numpy keys
+        raise ParameterError(f"{name} names a token id twice", name)
+    return tuple(sorted(entries))
+
+
+def allowed_token_ids(values: Any, name: str, vocab_size: int | None = None
+                      ) -> tuple[int, ...] | None:
+    """allowed_token_ids as stored: None (every token) or the distinct ids, each in
+    ``[0, vocab_size)``, at least one (vLLM refuses an empty list)."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
+                                 name)
+    try:
+        distinct = list(dict.fromkeys(values))
+    except TypeError:
+        raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
+                                 name) from None
+    if not distinct:
+        raise ParameterError(f"{name} must hold at least one token id (None: every token)",
+                             name)
+    bad = [t for t in distinct if not is_integer(t)]
+    if bad:
+        raise ParameterTypeError(f"{name} must be a list of integer token ids, got "
+                                 f"{bad[0]!r:.80} in it", name)
+    end = INT64_MAX + 1 if vocab_size is None else vocab_size
+    outside = [int(t) for t in distinct if not 0 <= t < end]
+    if outside:
+        bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
+        raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
+    return tuple(int(t) for t in distinct)
+
+
+def n(value: Any, name: str) -> int:
+    """Sequences per request: an integer >= 1 (vLLM fans them out as requests of their own)."""
+    what = "an integer >= 1"
+    result = _integer(value, name, what)
+    if result < 1:
+        _fail(name, what, value)
+    return result
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words of a token bitmask over ``vocab_size`` tokens (32 tokens a word)."""
+    return -(-vocab_size // 32)
+
+
+def allowed_bitmask(token_ids: Iterable[int], vocab_size: int) -> list[int]:
+    """allowed_token_ids as they are stored: the bitmask words (int32 values) with bit
+    ``v % 32`` of word ``v // 32`` set iff ``v`` is allowed (xgrammar's layout, the one
+    ``wedlm_kernels.process_logits`` reads); ids outside ``[0, vocab_size)`` are ignored.
+
+    >>> allowed_bitmask([0, 2, 33, 63], 64)
+    [5, -2147483646]
+    """
+    words = [0] * bitmask_words(vocab_size)
+    for token in token_ids:
+        if 0 <= token < vocab_size:
+            words[token // 32] |= 1 << (token % 32)
+    return [word - (1 << 32) if word >= 1 << 31 else word for word in words]

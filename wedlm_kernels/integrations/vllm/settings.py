@@ -111,6 +111,19 @@ class RequestValues:
     top_p: float
     seed: int | None
     max_tokens: int | None
+    # the logit rules (wedlm_kernels.process_logits)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
+            0.0, 0.0, 1.0)
 
 
 def request_values(engine: WeDLMSettings, params: Any, max_model_len: int | None = None
@@ -122,11 +135,22 @@ def request_values(engine: WeDLMSettings, params: Any, max_model_len: int | None
     temperature, top_k, top_p = rp.sampling(params.temperature, params.top_k, params.top_p,
                                             ("temperature", "top_k", "top_p"))
     most_tokens = rp.INT32_MAX if max_model_len is None else rp.INT32_MAX - max_model_len
+    max_tokens = rp.max_tokens(params.max_tokens, "max_tokens", most_tokens)
+    presence, frequency, repetition = rp.penalties(
+        getattr(params, "presence_penalty", 0.0), getattr(params, "frequency_penalty", 0.0),
+        getattr(params, "repetition_penalty", 1.0),
+        ("presence_penalty", "frequency_penalty", "repetition_penalty"))
     return RequestValues(
         settings=request_settings(engine, params.extra_args),
         temperature=temperature, top_k=top_k, top_p=top_p,
         seed=rp.seed(params.seed, "seed"),
-        max_tokens=rp.max_tokens(params.max_tokens, "max_tokens", most_tokens),
+        max_tokens=max_tokens,
+        presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
+        min_p=rp.min_p(getattr(params, "min_p", 0.0), "min_p", temperature),
+        min_tokens=rp.min_tokens(getattr(params, "min_tokens", 0), "min_tokens", max_tokens),
+        logit_bias=rp.logit_bias(getattr(params, "logit_bias", None), "logit_bias"),
+        allowed_token_ids=rp.allowed_token_ids(getattr(params, "allowed_token_ids", None),
+                                               "allowed_token_ids"),
     )
 
 
@@ -141,6 +165,17 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
     the checkpoint's (:func:`checkpoint_eos_ids`), which the stop id count leaves out."""
     request_values(engine, params, max_model_len)
     rp.stop_token_ids(params.stop_token_ids, "stop_token_ids", vocab_size, eos_ids)
+    rp.logit_bias(getattr(params, "logit_bias", None), "logit_bias", vocab_size)
+    rp.allowed_token_ids(getattr(params, "allowed_token_ids", None), "allowed_token_ids",
+                         vocab_size)
+    children = rp.n(getattr(params, "n", 1), "n")
+    seed = rp.seed(params.seed, "seed")
+    # vLLM gives child i of an n > 1 request the seed seed + i (parallel_sampling.py),
+    # after this check: each must be an int64 too
+    if seed is not None and children > 1 and seed + children - 1 > rp.INT64_MAX:
+        raise ParameterError(f"seed must leave room for the seeds vLLM gives the n = "
+                             f"{children} sequences (seed + n - 1 <= 2**63 - 1), got {seed}",
+                             "seed")
 
 
 def checkpoint_eos_ids(hf_eos: Any, generation_eos: Any) -> tuple[int, ...]:
@@ -166,32 +201,25 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
         if refused:
             found.append((name, why))
 
-    check("n", getattr(params, "n", 1) != 1, "one sequence per request (n=1)")
     check("logprobs", getattr(params, "logprobs", None) is not None,
-          "no logprobs (tokens are committed from a window, not sampled one by one)")
+          "no logprobs yet (docs/vllm.md, \"Request parameters\")")
     check("prompt_logprobs", getattr(params, "prompt_logprobs", None) is not None,
-          "no prompt logprobs (prefill computes no logits)")
+          "no prompt logprobs: a WeDLM checkpoint's logits at prompt positions do not "
+          "predict the next token (docs/vllm.md)")
     # (vLLM has made a numpy array of prompt_logprob_token_ids by now: not a truth value)
     check("logprob_token_ids", getattr(params, "logprob_token_ids", None) is not None,
-          "no logprobs of chosen tokens")
+          "no logprobs of chosen tokens yet")
     check("prompt_logprob_token_ids",
           getattr(params, "prompt_logprob_token_ids", None) is not None,
-          "no prompt logprobs (prefill computes no logits)")
-    check("presence_penalty", getattr(params, "presence_penalty", 0.0) != 0.0, "no penalties")
-    check("frequency_penalty", getattr(params, "frequency_penalty", 0.0) != 0.0,
-          "no penalties")
-    check("repetition_penalty", getattr(params, "repetition_penalty", 1.0) != 1.0,
-          "no penalties")
-    check("min_p", getattr(params, "min_p", 0.0) > 0.0, "no min_p (top_k and top_p are served)")
-    check("min_tokens", getattr(params, "min_tokens", 0) > 0, "no min_tokens")
-    check("logit_bias", bool(getattr(params, "logit_bias", None)), "no logit_bias")
-    check("bad_words", bool(getattr(params, "bad_words", None)), "no bad_words")
-    check("allowed_token_ids", bool(getattr(params, "allowed_token_ids", None)),
-          "no allowed_token_ids")
+          "no prompt logprobs (docs/vllm.md)")
+    check("bad_words", bool(getattr(params, "bad_words", None)),
+          "no bad_words yet (a word of several tokens needs each window slot's left "
+          "context; docs/vllm.md)")
     check("structured_outputs", getattr(params, "structured_outputs", None) is not None,
-          "no structured outputs")
+          "no structured outputs yet (docs/vllm.md)")
     check("logits_processors", bool(getattr(params, "logits_processors", None)),
-          "no logits processors")
+          "no logits processors: vLLM's interface sees one row per request, a WeDLM step "
+          "decodes a window of rows (docs/vllm.md)")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

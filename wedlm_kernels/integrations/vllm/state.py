@@ -33,11 +33,13 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
+from wedlm_kernels import request_params as rp
 from wedlm_kernels.request_params import (
     FLOAT32_MAX,
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,
+    MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
 )
 
@@ -60,7 +62,16 @@ BUFFER_SOURCES = {
     "row_counts": "loop", "_int64": "loop", "_int32": "loop", "_float32": "loop",
     "_bool": "loop", "_host_int32": "loop", "_saved": "loop", "_window_columns": "loop",
     "_kept_columns": "loop",
+    # the logit rules (wk.process_logits); output_counts, prompt_mask and allowed_mask are
+    # allocated when the first request that uses them arrives
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty", "min_p": "min_p", "min_tokens": "min_tokens",
+    "output_start": "loop", "bias_ids": "logit_bias", "bias_values": "loop",
+    "output_counts": "loop", "prompt_mask": "loop", "allowed_mask": "allowed_token_ids",
 }
+# Which host-side flag of a slot turns each rule group on (the sampler passes a group to
+# process_logits only when a request of the step uses it).
+RULES = ("penalties", "min_p", "min_tokens", "bias", "allowed")
 
 
 def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -173,13 +184,15 @@ class WeDLMModelState(DefaultModelState):
         # Column layout of the packed row: name -> (first column, columns, group).
         self._layout: dict[str, tuple[int, int, torch.dtype]] = {}
         groups = {torch.int64: [("win_tokens", width), ("stop_ids", stops), ("seed", 1),
-                                ("forwards", 1), ("rows", 1)],
+                                ("forwards", 1), ("rows", 1), ("bias_ids", MAX_LOGIT_BIAS)],
                   # win_len and stalled first: the host reads them back every step
                   torch.int32: [("win_len", 1), ("stalled", 1), ("ctx_len", 1),
                                 ("max_new", 1), ("top_k", 1), ("block_window", 1),
-                                ("request_window", 1)],
+                                ("request_window", 1), ("min_tokens", 1), ("output_start", 1)],
                   torch.float32: [("temperature", 1), ("top_p", 1), ("threshold", 1),
-                                  ("penalty", 1)],
+                                  ("penalty", 1), ("presence_penalty", 1),
+                                  ("frequency_penalty", 1), ("repetition_penalty", 1),
+                                  ("min_p", 1), ("bias_values", MAX_LOGIT_BIAS)],
                   torch.bool: [("win_mask", width), ("finished", 1)]}
         self._group_span: dict[torch.dtype, tuple[int, int]] = {}
         column = 0
@@ -200,6 +213,20 @@ class WeDLMModelState(DefaultModelState):
         self.finished.fill_(True)
         self.stop_ids.fill_(-1)
         self.top_p.fill_(1.0)
+        self.bias_ids.fill_(-1)
+        self.repetition_penalty.fill_(1.0)
+        # The rules' vocabulary-wide state, [slots, V] and [slots, ceil(V / 32)], allocated
+        # when the first request that uses it arrives (a server that never sees a penalty
+        # or allowed_token_ids does not hold it): a slot's rows are written at admission.
+        self.vocab_size = self.model_config.get_vocab_size()
+        self.output_counts: torch.Tensor | None = None  # committed outputs of each token
+        self.prompt_mask: torch.Tensor | None = None  # tokens of the prompt
+        self.allowed_mask: torch.Tensor | None = None  # allowed_token_ids as a bitmask
+        # Host facts: which rule groups each slot's request uses, and the admissions'
+        # vocabulary-wide rows staged for apply_staged_writes.
+        self._rules = {rule: np.zeros(slots, dtype=bool) for rule in RULES}
+        self._staged_counts: list[tuple[int, list[int], list[int]]] = []  # slot, prompt, out
+        self._staged_allowed: list[tuple[int, list[int]]] = []  # slot, bitmask words
 
         # Rows fed to decode steps and the live window rows among them: [fed, live],
         # summed over the engine's life (row_stats()).
@@ -320,16 +347,81 @@ class WeDLMModelState(DefaultModelState):
             "temperature": values.temperature, "top_p": values.top_p,
             "threshold": settings.entropy_threshold, "penalty": settings.distance_penalty,
             "win_mask": 1, "finished": int(remaining == 0),
+            "presence_penalty": values.presence_penalty,
+            "frequency_penalty": values.frequency_penalty,
+            "repetition_penalty": values.repetition_penalty, "min_p": values.min_p,
+            "min_tokens": values.min_tokens, "output_start": len(prompt), "bias_ids": -1,
+            "bias_values": 0.0,
         }  # stalled, forwards, rows: 0
         for name, value in values_of.items():
             first, count, dtype = self._layout[name]
             packed[first: first + count] = _stored(name, value, dtype)
         first = self._layout["stop_ids"][0]
         packed[first: first + len(stops)] = stops
+        self._admit_rules(slot, values, prompt, tokens[len(prompt):], packed)
         self._staged_admissions.append(row)
         # what next_canvas reports after this step, and the guard's count
         self._host_views[:, slot, 0] = win_len
         self._host_views[:, slot, 1] = 0
+
+    def _admit_rules(self, slot: int, values, prompt: list[int], outputs: list[int],
+                     packed: np.ndarray) -> None:
+        """The request's logit rules: its bias entries into its packed row, the host flags,
+        and (for penalties and allowed_token_ids) its vocabulary-wide rows, staged."""
+        first = self._layout["bias_ids"][0]
+        packed[first: first + len(values.logit_bias)] = [t for t, _ in values.logit_bias]
+        first = self._layout["bias_values"][0]
+        packed[first: first + len(values.logit_bias)] = [
+            _float_bits(b) for _, b in values.logit_bias]
+        used = {"penalties": values.has_penalties, "min_p": values.min_p > 0,
+                "min_tokens": values.min_tokens > 0, "bias": bool(values.logit_bias),
+                "allowed": values.allowed_token_ids is not None}
+        for rule, on in used.items():
+            self._rules[rule][slot] = on
+        if used["penalties"]:
+            if self.output_counts is None:
+                self.output_counts = torch.zeros((self.max_num_reqs, self.vocab_size),
+                                                 dtype=torch.int32, device=self.device)
+                self.prompt_mask = torch.zeros((self.max_num_reqs, self.vocab_size),
+                                               dtype=torch.bool, device=self.device)
+            self._staged_counts.append((slot, list(prompt), list(outputs)))
+        if used["allowed"] and self.allowed_mask is None:
+            self.allowed_mask = torch.full((self.max_num_reqs, rp.bitmask_words(
+                self.vocab_size)), -1, dtype=torch.int32, device=self.device)
+        if self.allowed_mask is not None:  # every admitted request sets its slot's row
+            self._staged_allowed.append((slot, rp.allowed_bitmask(
+                values.allowed_token_ids, self.vocab_size) if used["allowed"] else None))
+
+    def _apply_staged_rules(self) -> None:
+        """Land the admissions' vocabulary-wide rows: each penalised request's prompt mask
+        and output counts (a resumed request's outputs counted again), each slot's allowed
+        bitmask (all ones without allowed_token_ids). One host-to-device copy each."""
+        counts, allowed = self._staged_counts, self._staged_allowed
+        self._staged_counts, self._staged_allowed = [], []
+        if counts:
+            slots = torch.tensor([slot for slot, _, _ in counts], device=self.device)
+            self.output_counts.index_fill_(0, slots, 0)
+            self.prompt_mask.index_fill_(0, slots, False)
+            # one copy: [slot, token, is_output] per token
+            rows = [(slot, token, 0) for slot, prompt, _ in counts for token in prompt] + [
+                (slot, token, 1) for slot, _, outputs in counts for token in outputs]
+            if rows:
+                staged = torch.tensor(rows, dtype=torch.int64).to(self.device,
+                                                                  non_blocking=True)
+                slot, token, is_output = staged.unbind(1)
+                prompt_rows = is_output == 0
+                self.prompt_mask.index_put_((slot[prompt_rows], token[prompt_rows]),
+                                            torch.tensor(True, device=self.device))
+                self.output_counts.index_put_(
+                    (slot, token), is_output.to(torch.int32), accumulate=True)
+        if allowed:
+            words = rp.bitmask_words(self.vocab_size)
+            host = np.full((len(allowed), words), -1, dtype=np.int32)
+            for index, (_, bitmask) in enumerate(allowed):
+                if bitmask is not None:
+                    host[index] = bitmask
+            slots = torch.tensor([slot for slot, _ in allowed], device=self.device)
+            self.allowed_mask.index_copy_(0, slots, torch.from_numpy(host).to(self.device))
 
     def remove_request(self, req_id: str) -> None:
         """Stage the saving of the request's state (finished or preempted: vLLM does not say
@@ -374,6 +466,7 @@ class WeDLMModelState(DefaultModelState):
         removed slots' rows saved, the admitted rows (a resumed request's window taken from
         its saved row) scattered into their slots."""
         super().apply_staged_writes()
+        self._apply_staged_rules()
         saves, admissions = self._staged_saves, self._staged_admissions
         if not saves and not admissions:
             return
@@ -588,6 +681,31 @@ class WeDLMSampler:
     def apply_staged_writes(self) -> None:
         self.base.apply_staged_writes()
 
+    def _apply_rules(self, logits: torch.Tensor, cu_rows: torch.Tensor,
+                     row_pos: torch.Tensor, slots: torch.Tensor, rules: dict[str, bool]
+                     ) -> None:
+        """process_logits on the step's logit rows, with the rule groups in ``rules``."""
+        state = self.state
+
+        def take(buffer: torch.Tensor | None) -> torch.Tensor | None:
+            return None if buffer is None else buffer.index_select(0, slots)
+
+        def group(on: bool, *buffers):
+            return [take(buffer) if on else None for buffer in buffers]
+
+        min_tokens, stop_ids = group(rules["min_tokens"], state.min_tokens, state.stop_ids)
+        bias_ids, bias_values = group(rules["bias"], state.bias_ids, state.bias_values)
+        counts, prompt_mask, presence, frequency, repetition = group(
+            rules["penalties"], state.output_counts, state.prompt_mask,
+            state.presence_penalty, state.frequency_penalty, state.repetition_penalty)
+        wk.process_logits(
+            logits, cu_rows, row_pos, take(state.output_start), take(state.temperature),
+            min_p=take(state.min_p) if rules["min_p"] else None, min_tokens=min_tokens,
+            stop_ids=stop_ids, bias_ids=bias_ids, bias_values=bias_values,
+            output_counts=counts, prompt_mask=prompt_mask, presence_penalty=presence,
+            frequency_penalty=frequency, repetition_penalty=repetition,
+            allowed_mask=take(state.allowed_mask) if rules["allowed"] else None)
+
     def __call__(self, logits: torch.Tensor, input_batch, *args) -> SamplerOutput:
         state, num_reqs = self.state, input_batch.num_reqs
         step = state._step if input_batch.num_draft_tokens > 0 else None
@@ -604,6 +722,10 @@ class WeDLMSampler:
             return buffer.index_select(0, slots)
 
         cu_rows = input_batch.cu_num_logits[: num_reqs + 1]
+        # the requests' logit rules, the groups some request of the step uses (host facts)
+        rules = {rule: bool(state._rules[rule][step["slots_np"]].any()) for rule in RULES}
+        if any(rules.values()):
+            self._apply_rules(logits, cu_rows, step["row_pos"], slots, rules)
         token, selected, _ = wk.select_tokens(
             logits, cu_rows, step["row_pos"], take(state.temperature), take(state.top_k),
             take(state.top_p), take(state.threshold), take(state.penalty), take(state.seed),
@@ -637,6 +759,11 @@ class WeDLMSampler:
 
         stepped = live_len > 0
         committed = out_len
+        if rules["penalties"]:  # the step's commits join the counts the penalties read
+            counted = torch.arange(out_tokens.shape[1], device=logits.device) < committed[:, None]
+            state.output_counts.index_put_(
+                (slots[:, None].expand_as(out_tokens), out_tokens), counted.to(torch.int32),
+                accumulate=True)
         # A window the canvas cut short (the step's token budget ran out, or vLLM trimmed
         # the canvas at max_model_len with a step in flight) refills to the request's
         # window: commit_window's refill only adds as many masks as it committed, so a

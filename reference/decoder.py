@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reference import logits as logit_rules
 from reference.select import row_entropy, sample_row, select_rows
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,6 +39,14 @@ class Params:
     penalty: float = 0.02
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    # the logit rules (docs/contracts.md "process_logits"), on every row before the entropy
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -106,6 +115,37 @@ def _sample(logits_row: torch.Tensor, params: Params, position: int) -> int:
     )
 
 
+def _apply_rules(row: torch.Tensor, params: Params, prompt: list[int], committed: list[int],
+                 position: int) -> torch.Tensor:
+    """The logit rules on one row predicting ``position``, with the tokens ``committed``
+    before the forward (reference/logits.py, float32 as the op); the row comes back as
+    float64. Without any rule the row is returned as it is."""
+    if (params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.min_p, params.min_tokens, params.logit_bias, params.allowed_token_ids
+        ) == (0.0, 0.0, 1.0, 0.0, 0, None, None):
+        return row
+    vocab_size = row.shape[0]
+    allowed = params.allowed_token_ids
+    early = position - len(prompt) < params.min_tokens
+    banned = [(allowed is not None and v not in allowed)
+              or (early and v in params.stop_token_ids) for v in range(vocab_size)]
+    bias = sorted((params.logit_bias or {}).items())
+    counts = [0] * vocab_size
+    for token in committed:
+        counts[token] += 1
+    in_prompt = [False] * vocab_size
+    for token in prompt:
+        in_prompt[token] = True
+    penalties = (params.presence_penalty, params.frequency_penalty,
+                 params.repetition_penalty) != (0.0, 0.0, 1.0)
+    x = logit_rules.row_rules(row.float().numpy(), banned, bias,
+                              counts if penalties else None, in_prompt,
+                              params.presence_penalty, params.frequency_penalty,
+                              params.repetition_penalty)
+    x = logit_rules.min_p_cut(x, params.temperature, params.min_p)
+    return torch.from_numpy(x).double()
+
+
 def _decode_ar(forward: ForwardFn, prompt: list[int], params: Params) -> DecodeResult:
     """Plain next-token decoding: the last row's logits predict position ``L``."""
     limit = max(params.max_new_tokens, 0)
@@ -118,6 +158,7 @@ def _decode_ar(forward: ForwardFn, prompt: list[int], params: Params) -> DecodeR
         input_ids = torch.tensor(tokens, dtype=torch.int64)
         position_ids = torch.arange(ctx_len, dtype=torch.int64)
         last_row = forward(input_ids, position_ids)[-1:].to(torch.float64)
+        last_row = _apply_rules(last_row[0], params, prompt, out, ctx_len)[None]
         token = _sample(last_row[0], params, ctx_len)
         trace.append(
             ForwardRecord(ctx_len, [], [], [], input_ids, position_ids, last_row, committed=1)
@@ -188,6 +229,11 @@ def _decode_window(
         )
         logits = forward(input_ids, position_ids)[ctx_len:].to(torch.float64)
         rows += n
+        # the logit rules on the mask rows, with the tokens committed before this forward
+        committed_before = list(out)
+        for j in range(n_filled, n):
+            logits[j] = _apply_rules(logits[j], params, prompt, committed_before,
+                                     ctx_len + order[j])
 
         # 2. commit the leading filled run as it was fed
         run = _leading_run(slots, window, blockwise)

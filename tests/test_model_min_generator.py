@@ -6,6 +6,7 @@ them: Hugging Face `transformers` forwards, its `generate` and its KV cache;
 the whole sequence), compared token for token together with its forward and row counts.
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -40,6 +41,10 @@ def reference_decode(hf, prompt, params: SamplingParams, mode, window):
         max_new_tokens=params.max_new_tokens, temperature=params.temperature,
         top_k=params.top_k, top_p=params.top_p, threshold=params.threshold,
         penalty=params.penalty, seed=params.seed, stop_token_ids=params.stop_token_ids,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty, min_p=params.min_p,
+        min_tokens=params.min_tokens, logit_bias=params.logit_bias,
+        allowed_token_ids=params.allowed_token_ids,
     )
     return decode(forward, prompt, reference_params, mode=mode, window=window,
                   mask_id=MASK_TOKEN_ID)
@@ -74,6 +79,17 @@ CASES = {
                        threshold=None, seed=-5),
         SamplingParams(max_new_tokens=1, temperature=1.0, top_k=3, seed=99),
     ],
+    # the logit rules (wk.process_logits), greedy and sampled, beside a request without any
+    "rules": [
+        SamplingParams(max_new_tokens=12, threshold=2.8, presence_penalty=1.5,
+                       frequency_penalty=0.5, repetition_penalty=1.4, seed=1),
+        SamplingParams(max_new_tokens=10, temperature=0.9, threshold=3.0, min_p=0.2,
+                       logit_bias={5: 3.0, 17: -2.0, 260: 1.5}, seed=21),
+        SamplingParams(max_new_tokens=11, threshold=2.9, min_tokens=6,
+                       stop_token_ids=(3, 7, 12, 20), allowed_token_ids=list(range(0, 40, 2)),
+                       seed=3),
+        SamplingParams(max_new_tokens=9, threshold=2.8, seed=4),
+    ],
 }
 
 
@@ -89,6 +105,13 @@ def test_tokens_and_metrics_equal_the_reference_decoder(tiny, mode, case):
     assert_matches_reference(hf, PROMPTS, params, results, mode, window)
     if mode != "ar" and case == "greedy":
         assert max(r.tokens_per_forward for r in results) > 1  # parallel steps happened
+    if case == "rules":  # not vacuous: each rule request decodes otherwise without its rules
+        plain = [dataclasses.replace(p, presence_penalty=0.0, frequency_penalty=0.0,
+                                     repetition_penalty=1.0, min_p=0.0, min_tokens=0,
+                                     logit_bias=None, allowed_token_ids=None) for p in params]
+        without = generator.generate(PROMPTS, plain, mode=mode)
+        assert [r.token_ids != w.token_ids for r, w in zip(results, without)] == [
+            True, True, True, False]
     assert len(generator.cache.free_pages) == generator.cache.num_pages  # all pages back
 
 

@@ -90,7 +90,7 @@ def params(**fields):
     defaults = dict(n=1, logprobs=None, prompt_logprobs=None, presence_penalty=0.0,
                     frequency_penalty=0.0, repetition_penalty=1.0, min_p=0.0, min_tokens=0,
                     logit_bias=None, bad_words=None, allowed_token_ids=None,
-                    structured_outputs=None, logits_processors=None, extra_args=None,
+                    structured_outputs=None, extra_args=None,
                     eos_token_id=None, stop_token_ids=[])
     return SimpleNamespace(**{**defaults, **fields})
 
@@ -146,16 +146,43 @@ def test_supported_parameters_pass_the_check():
                                                      "user_tag": 3})) == []
 
 
+def test_the_logit_rules_and_n_are_served():
+    served = dict(n=2, presence_penalty=0.1, frequency_penalty=-0.1, repetition_penalty=1.1,
+                  min_p=0.05, min_tokens=1, logit_bias={1: 1.0}, allowed_token_ids=[1])
+    for field, value in served.items():
+        assert unsupported_parameters(params(**{field: value})) == [], field
+
+
 @pytest.mark.parametrize("fields, name", [
-    (dict(n=2), "n"), (dict(logprobs=0), "logprobs"), (dict(prompt_logprobs=0),
-                                                       "prompt_logprobs"),
-    (dict(presence_penalty=0.1), "presence_penalty"),
-    (dict(frequency_penalty=-0.1), "frequency_penalty"),
-    (dict(repetition_penalty=1.1), "repetition_penalty"), (dict(min_p=0.05), "min_p"),
-    (dict(min_tokens=1), "min_tokens"), (dict(logit_bias={1: 1.0}), "logit_bias"),
-    (dict(bad_words=["x"]), "bad_words"), (dict(allowed_token_ids=[1]), "allowed_token_ids"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_p=1.5), "min_p"),
+    (dict(min_tokens=17), "min_tokens"), (dict(logit_bias={264: 1.0}), "logit_bias"),
+    (dict(logit_bias={1: float("inf")}), "logit_bias"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[264]), "allowed_token_ids"), (dict(n=0), "n"),
+    # vLLM seeds child i of n with seed + i: the last one must be an int64 too
+    (dict(n=3, seed=2**63 - 2), "seed"),
+    # ... and none of them -1, which vLLM reads as no seed
+    (dict(n=3, seed=-3), "seed"), (dict(n=2, seed=-2), "seed"),
+])
+def test_the_request_check_names_a_bad_rule_value(fields, name):
+    engine = engine_settings({"wedlm": {"window": 8}})
+    with pytest.raises(SettingsError) as error:
+        check_request(engine, sampling(**params(**fields).__dict__ | {
+            "temperature": 1.0, "seed": fields.get("seed"), "max_tokens": 16,
+            "top_k": 0, "top_p": 1.0}), vocab_size=264, max_model_len=256)
+    assert error.value.parameter == name
+    for seed in (2**63 - 3, -4, -1, 0):  # the edges that leave every child a seed of its own
+        check_request(engine, sampling(**params(n=3, seed=seed).__dict__ | {
+            "temperature": 1.0, "seed": seed, "max_tokens": 16, "top_k": 0, "top_p": 1.0}),
+            vocab_size=264, max_model_len=256)
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(logprobs=0), "logprobs"), (dict(prompt_logprobs=0), "prompt_logprobs"),
+    (dict(bad_words=["x"]), "bad_words"),
     (dict(structured_outputs=object()), "structured_outputs"),
-    (dict(logits_processors=[object()]), "logits_processors"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
     # the canvas is the engine's: a request cannot choose its rows

@@ -40,9 +40,9 @@ returns the value as it is stored in the device buffer that holds it
                                   temperature > 0)
 
 A boolean is never a number here (``True`` is not the integer 1), with one exception
-that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k`` and
-``top_p`` once they pass their range checks (-1 or more; (0, 1]; there ``True`` counts as
-1), and stores them as off. The module imports nothing but the
+that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k``,
+``top_p`` and ``min_p`` once they pass their range checks (-1 or more; (0, 1]; [0, 1];
+there ``True`` counts as 1), and stores them as off. The module imports nothing but the
 standard library, so every front end (and its tests) can use it.
 """
 
@@ -304,12 +304,17 @@ def penalties(presence: Any, frequency: Any, repetition: Any, names: tuple[str, 
 
 def min_p(value: Any, name: str, temperature: float) -> float:
     """min_p as stored: a number from 0 to 1; a greedy request (``temperature`` 0, as
-    :func:`sampling` stores it) stores 0, as vLLM sets it, once the range check passed."""
+    :func:`sampling` stores it) stores 0, as vLLM sets it, once the range check passed
+    (there ``True`` counts as 1)."""
     what = "a number from 0 to 1 (0: off)"
+    # vLLM's order, as for top_k and top_p: the range check (a bool passes it as 0 or 1),
+    # then a greedy request's min_p is set to off, then the type
+    if temperature == 0 and isinstance(value, numbers.Real) and 0 <= value <= 1:
+        return 0.0
     result = _number(value, name, what)
     if not 0 <= result <= 1:
         _fail(name, what, value)
-    return 0.0 if temperature == 0 else result + 0.0
+    return result + 0.0
 
 
 def min_tokens(value: Any, name: str, max_tokens_value: int | None) -> int:

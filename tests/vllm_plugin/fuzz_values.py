@@ -41,6 +41,18 @@ VALUES = {
     "wedlm_distance_penalty": COMMON + [0, -0.01, 0.02, 1.5, 3.4e38],
     "wedlm_mode": COMMON + ["streaming", "blockwise", "ar", "STREAMING", 0],
     "prompt": [[MASK_ID] * 3 + PROMPT, [VOCAB - 1, 5], [VOCAB], [-1, 5], [2**63], []],
+    # the logit rules (wedlm_kernels.process_logits) and n
+    "presence_penalty": COMMON + [0, -2, 2, 2.01, 1.5, -0.5],
+    "frequency_penalty": COMMON + [0, -2, 2, -2.5, 0.7],
+    "repetition_penalty": COMMON + [0, 1, 1e-50, 0.5, 1.8, 2.5, -1],
+    "min_p": COMMON + [0, 1, 0.3, 1.1, -0.1],
+    "min_tokens": COMMON + [0, 1, 3, 6, 7, -1],
+    "logit_bias": COMMON + [{}, {53: 5.0}, {53: -1e300}, {53: 3e38}, {VOCAB: 1.0},
+                            {-1: 1.0}, {53: NAN}, {53: INF}, {53: True},
+                            {i: 0.5 for i in range(301)}, {i: 0.5 for i in range(300)}],
+    "allowed_token_ids": COMMON + [[], [53], [53, 53, 101], [VOCAB], [-1], list(range(VOCAB)),
+                                   [True], ["1"], [MASK_ID]],
+    "n": COMMON + [0, 1, 2, 3, -1, 2.0],
 }
 # Values each field is served with, for the combinations (a draw of several fields is
 # refused as soon as one is bad; these let most combinations through to the decode step)
@@ -51,7 +63,15 @@ SERVED = {
     "wedlm_window": [1, 3, WINDOW], "wedlm_entropy_threshold": [None, 0, 0.4, 2.5, 1e300],
     "wedlm_distance_penalty": [0, -0.0, 0.1, 3.4e38], "wedlm_mode": ["streaming", "blockwise"],
     "prompt": [[MASK_ID] * 3 + PROMPT, PROMPT, [VOCAB - 1, 5]],
+    "presence_penalty": [0, -2, 1.5], "frequency_penalty": [0, 2, 0.7],
+    "repetition_penalty": [1, 0.5, 1.8], "min_p": [0, 0.3, 1], "min_tokens": [0, 3, 6],
+    "logit_bias": [None, {53: 5.0}, {32: -3.0, 101: 2.5}],
+    "allowed_token_ids": [None, [53, 101], list(range(32, 127))], "n": [1, 2],
 }
+# Fields model_min's SamplingParams takes under the same name as vLLM's.
+SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presence_penalty",
+              "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
+              "allowed_token_ids")
 # Each field's values on the good request, then on a seeded sampled one (a greedy request
 # ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
 SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among the stop ids
@@ -105,11 +125,12 @@ class ModelMinDecoder:
         fields = {"ignore_eos": True, **BASE, **draw}
         prompt = fields.get("prompt", PROMPT)
         room = self.max_model_len - len(prompt)
-        names = {"max_tokens": "max_new_tokens", "temperature": "temperature",
-                 "top_k": "top_k", "top_p": "top_p", "seed": "seed",
-                 "stop_token_ids": "stop_token_ids", "wedlm_entropy_threshold": "threshold",
-                 "wedlm_distance_penalty": "penalty"}
+        names = {"max_tokens": "max_new_tokens", "wedlm_entropy_threshold": "threshold",
+                 "wedlm_distance_penalty": "penalty", **{name: name for name in SAME_NAMES}}
         try:
+            # n: model_min decodes one sequence (vLLM's child 0 has the request's seed);
+            # its bound is the shared definition's
+            rp.n(fields.get("n", 1), "n")
             window = fields.get("wedlm_window", WINDOW)
             key = (type(window), repr(window))  # True == 1, but only 1 is a window
             if key not in self.generators:
@@ -144,10 +165,17 @@ def names_a_field(error: BaseException | str, fields) -> bool:
 def engine_refusal(draw: dict, max_model_len: int) -> bool:
     """A draw model_min takes that the engine must refuse by its own bounds: a window above
     the engine's, a max_tokens that does not fit int32 beside max_model_len (vLLM's
-    ``prompt_len + max_tokens`` buffer), an empty prompt (vLLM refuses it) or the mode
-    "ar" (model_min's AR loop; vLLM decodes AR without the plugin)."""
+    ``prompt_len + max_tokens`` buffer), an empty prompt (vLLM refuses it), the mode
+    "ar" (model_min's AR loop; vLLM decodes AR without the plugin), or n > 1 on a greedy
+    request or above vLLM's 16384."""
     window, most = draw.get("wedlm_window", WINDOW), rp.INT32_MAX - max_model_len
     max_tokens = draw.get("max_tokens")
+    greedy = draw.get("temperature", BASE["temperature"])
     return (draw.get("prompt") == [] or draw.get("wedlm_mode") == "ar"
             or (rp.is_integer(window) and WINDOW < window <= rp.MAX_WINDOW)
-            or (rp.is_integer(max_tokens) and most < max_tokens <= rp.INT32_MAX))
+            or (rp.is_integer(max_tokens) and most < max_tokens <= rp.INT32_MAX)
+            # vLLM's rules: n > 1 needs sampling, and at most VLLM_MAX_N_SEQUENCES (16384)
+            # (model_min has no n)
+            or (rp.is_integer(draw.get("n")) and draw["n"] > 1 and rp.is_number(greedy)
+                and greedy < 1e-5)
+            or (rp.is_integer(draw.get("n")) and draw["n"] > 16384))

@@ -66,8 +66,11 @@ def serve(llm, draw: dict) -> Refused | Served:
         [output] = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     except VLLMValidationError as error:
         return Refused(error)
-    stats = request_stats(llm, [output.request_id])[output.request_id]
-    return Served(list(output.outputs[0].token_ids), stats["forwards"],
+    # n > 1: vLLM's child 0 (request "0_<id>") has the request's seed, as model_min's
+    [first] = [child for child in output.outputs if child.index == 0]
+    request_id = output.request_id if params.n == 1 else f"0_{output.request_id}"
+    stats = request_stats(llm, [request_id])[request_id]
+    return Served(list(first.token_ids), stats["forwards"],
                   params.temperature == 0 or params.seed is not None)
 
 

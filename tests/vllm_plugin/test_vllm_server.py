@@ -86,12 +86,13 @@ def client(server):
 
 
 def reference_text(prompt: str, max_new_tokens: int, stop: tuple[int, ...] = (),
-                   window: int = WINDOW, mode: str = "streaming") -> str:
+                   window: int = WINDOW, mode: str = "streaming", **rules) -> str:
+    """model_min's text for the prompt (``rules``: more SamplingParams fields)."""
     tokenizer = model_min.load_tokenizer(TINY)
     generator = model_min.Generator(model_min.load_model(TINY), window=window,
                                     tokenizer=tokenizer)
     return generator.generate(prompt, model_min.SamplingParams(
-        max_new_tokens=max_new_tokens, stop_token_ids=stop), mode=mode)[0].text
+        max_new_tokens=max_new_tokens, stop_token_ids=stop, **rules), mode=mode)[0].text
 
 
 EOS = (256,)
@@ -134,12 +135,45 @@ def test_wedlm_settings_per_request_through_vllm_xargs(client):
     assert response.choices[0].text == reference_text(prompt, 20, window=4, mode="blockwise")
 
 
+def test_the_openai_sdks_sampling_fields_decode_model_mins_text(client):
+    """presence/frequency penalties and logit_bias (the SDK's own arguments, string ids in
+    JSON) on completions, vLLM's min_p, repetition_penalty, min_tokens and
+    allowed_token_ids (extra_body) on chat completions, each equal to model_min."""
+    prompt = "def add(a, b):\n    return"
+    bias = {"53": 6.0, "32": -2.0}
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=24, temperature=0,
+        presence_penalty=1.2, frequency_penalty=0.4, logit_bias=bias)
+    want = reference_text(prompt, 24, EOS, presence_penalty=1.2, frequency_penalty=0.4,
+                          logit_bias={int(token): value for token, value in bias.items()})
+    assert response.choices[0].text == want != reference_text(prompt, 24, EOS)
+    chat_prompt = "<user>x = 1\n<assistant>"
+    rules = {"repetition_penalty": 1.5, "min_tokens": 10,
+             "allowed_token_ids": [256, *range(32, 127)]}
+    response = client.chat.completions.create(
+        model="tiny-wedlm", messages=[{"role": "user", "content": "x = 1"}], max_tokens=24,
+        temperature=0, extra_body=rules)
+    assert response.choices[0].message.content == reference_text(chat_prompt, 24, EOS, **rules)
+    seeded = client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=16,
+                                       temperature=0.8, seed=5, n=2,
+                                       extra_body={"min_p": 0.1, "ignore_eos": True})
+    texts = {choice.index: choice.text for choice in seeded.choices}
+    assert texts == {i: reference_text(prompt, 16, temperature=0.8, seed=5 + i, min_p=0.1)
+                     for i in range(2)}
+
+
 def test_an_unsupported_parameter_is_a_400_naming_it(client):
     from openai import BadRequestError
 
-    with pytest.raises(BadRequestError, match="presence_penalty"):
+    with pytest.raises(BadRequestError, match="bad_words"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
-                                  presence_penalty=0.5)
+                                  extra_body={"bad_words": ["ab"]})
+    with pytest.raises(BadRequestError, match="response_format|structured"):
+        client.chat.completions.create(
+            model="tiny-wedlm", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "point", "schema": {"type": "object", "properties": {
+                    "x": {"type": "integer"}}, "required": ["x"]}}})
     with pytest.raises(BadRequestError, match="logprobs"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4, logprobs=2)
     # the server still serves
@@ -229,12 +263,20 @@ def as_the_server_reads_it(draw: dict) -> dict | None:
         request = CompletionRequest.model_validate(json.loads(json.dumps(body)))
     except pydantic.ValidationError:
         return None
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}  # the OpenAI defaults
+    # the OpenAI defaults (and vLLM's _DEFAULT_SAMPLING_PARAMS) of a null field
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0}
     parsed = {}
     for field in draw:
         value = (request.vllm_xargs[field] if field in WEDLM_FIELDS
                  else getattr(request, field))
         parsed[field] = defaults.get(field, value) if value is None else value
+    if parsed.get("logit_bias"):  # JSON keys are strings: vLLM makes them ids, clamps biases
+        try:
+            parsed["logit_bias"] = {int(token): min(100.0, max(-100.0, bias))
+                                    for token, bias in parsed["logit_bias"].items()}
+        except (TypeError, ValueError):
+            return None  # vLLM refuses a key that is not an id (a 400 naming logit_bias)
     room = MAX_MODEL_LEN - len(request.prompt)
     if isinstance(parsed.get("max_tokens"), int):
         if parsed["max_tokens"] > MAX_MODEL_LEN:
@@ -262,7 +304,8 @@ def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_mo
             continue
         assert status == 200, (draw, status, answer)
         assert want is not None and not isinstance(want, Refused), (draw, want)
-        tokens = answer["choices"][0]["token_ids"]
+        [tokens] = [choice["token_ids"] for choice in answer["choices"]
+                    if choice["index"] == 0]  # n > 1: child 0 has the request's seed
         if want.deterministic:
             assert tokens == want.tokens, draw
     # the server is up and decodes the good request as before

@@ -9,8 +9,9 @@ every vLLM process. It registers
   ``canvas_length = 2W`` query rows per request per step
   (``additional_config={"wedlm": {"window": W}}``; the live canvas schedules the rows a
   window holds, :mod:`.live_canvas`);
-- the request check: vLLM refuses temperature and seed for diffusion models, WeDLM serves
-  them, and refuses what it does not serve (logprobs, penalties, n > 1, ...) by name.
+- the request check: vLLM refuses temperature, seed, min_p, min_tokens, logit_bias and
+  allowed_token_ids for diffusion models; WeDLM serves them (and the penalties and n > 1)
+  and refuses what it does not serve (logprobs, bad_words, structured outputs, ...) by name.
 
 Nothing here imports vLLM until vLLM calls it; docs/vllm.md has the whole story.
 """

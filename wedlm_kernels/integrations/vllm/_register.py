@@ -93,10 +93,27 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
                              f"canvas of 2 * window = {canvas} rows")
 
 
-def _validate_request(self: SamplingParams, model_config) -> None:
-    """Replaces SamplingParams._validate_diffusion for WeDLM models (others keep vLLM's)."""
+def _verify(self: SamplingParams, model_config, *args, **kwargs) -> None:
+    """Replaces SamplingParams.verify: for WeDLM models the plugin's check runs first, so a
+    value of a field it reads is refused by name before vLLM's own checks index it (vLLM's
+    ``_validate_logit_bias`` iterates whatever ``logit_bias`` holds and raises a bare
+    TypeError for a number), then vLLM's checks as for any model."""
+    if is_wedlm(model_config):
+        _validate_request(self, model_config)
+    return _vllm_verify(self, model_config, *args, **kwargs)
+
+
+def _validate_diffusion(self: SamplingParams, model_config) -> None:
+    """Replaces SamplingParams._validate_diffusion: WeDLM's requests were checked by
+    :func:`_verify` (vLLM's diffusion check refuses what WeDLM serves); others keep
+    vLLM's."""
     if not is_wedlm(model_config):
         return _vllm_validate_diffusion(self, model_config)
+    return None
+
+
+def _validate_request(self: SamplingParams, model_config) -> None:
+    """The plugin's check of a request to a WeDLM model (from :func:`_verify`)."""
     refused = unsupported_parameters(self)
     if refused:
         name, why = refused[0]
@@ -116,6 +133,7 @@ def _validate_request(self: SamplingParams, model_config) -> None:
 
 
 _vllm_validate_diffusion = SamplingParams._validate_diffusion
+_vllm_verify = SamplingParams.verify
 _ENCODER, _DECODER = MsgpackEncoder(), MsgpackDecoder(SamplingParams)
 
 
@@ -179,5 +197,6 @@ def register_all() -> None:
                                  "wedlm_kernels.integrations.vllm.model:WeDLMForCausalLM")
     _CONFIG_REGISTRY["wedlm"] = WeDLMConfig
     MODELS_CONFIG_MAP[ARCHITECTURE] = WeDLMConfigHook
-    SamplingParams._validate_diffusion = _validate_request
+    SamplingParams._validate_diffusion = _validate_diffusion
+    SamplingParams.verify = _verify
     BaseRenderer.validate_token_ids = _validate_prompt_ids

@@ -176,6 +176,11 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
         raise ParameterError(f"seed must leave room for the seeds vLLM gives the n = "
                              f"{children} sequences (seed + n - 1 <= 2**63 - 1), got {seed}",
                              "seed")
+    # ... and none of them -1, which vLLM reads as "no seed" (that child would not repeat)
+    if seed is not None and children > 1 and seed < -1 <= seed + children - 1:
+        raise ParameterError(f"seed must not give one of the n = {children} sequences the "
+                             f"seed -1 (vLLM seeds child i with seed + i, and -1 is no "
+                             f"seed), got {seed}", "seed")
 
 
 def checkpoint_eos_ids(hf_eos: Any, generation_eos: Any) -> tuple[int, ...]:
@@ -217,9 +222,6 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "context; docs/vllm.md)")
     check("structured_outputs", getattr(params, "structured_outputs", None) is not None,
           "no structured outputs yet (docs/vllm.md)")
-    check("logits_processors", bool(getattr(params, "logits_processors", None)),
-          "no logits processors: vLLM's interface sees one row per request, a WeDLM step "
-          "decodes a window of rows (docs/vllm.md)")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

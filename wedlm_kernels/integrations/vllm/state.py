@@ -614,6 +614,19 @@ class WeDLMModelState(DefaultModelState):
             self._host_events[turn].record()
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, None]:
+        # vLLM's logits processors run inside its own sampler, which WeDLM's replaces: a
+        # custom one (--logits-processors, or a vllm.logits_processors entry point) would
+        # be skipped without a word, so the engine refuses to start with one
+        custom = [type(processor).__qualname__ for processor in
+                  getattr(sampler, "logits_processors", ())
+                  if not type(processor).__module__.startswith("vllm.v1.worker.gpu.sample.")]
+        if custom:
+            raise ValueError(
+                f"WeDLM decoding does not run vLLM's custom logits processors ({custom}): "
+                "their apply() reads each logits row as the next token of its request, while "
+                "a WeDLM step's rows are window slots at logical positions (docs/vllm.md). "
+                "The request rules WeDLM serves (penalties, min_p, min_tokens, logit_bias, "
+                "allowed_token_ids) need none")
         return WeDLMSampler(self, sampler), None
 
     def request_stats(self, req_id: str) -> dict[str, int] | None:

@@ -18,11 +18,14 @@ packing), so the run ends within the budget however the steps fare:
 2. ``tests/test_select_tokens_kernel.py`` whole (smoke hypothesis profile);
 3. the race stress test of select_tokens (``tests/test_select_tokens_race.py``);
 4. ``tests/test_paged_attention_kernel.py`` whole;
-5. the rope, reorder, commit and silu kernel test files, in one process (with the one other
-   cuda-marked test, select_tokens' device check);
+5. the rope, reorder, commit, silu and process_logits kernel test files, in one process
+   (with the other cuda-marked tests one by one: select_tokens' and process_logits' device
+   checks);
 6. model_min's generator and layer tests ``-m cuda``, with ``MODEL_MIN_REQUIRE_LIGER=1`` (a
    skipped Liger test fails);
-7. ``bench.select_tokens --quick``; 8. ``bench.decode_step --quick`` at B 1 and 16;
+7. ``bench.select_tokens --quick`` (with its logit-rules cases: process_logits +
+   select_tokens against select_tokens alone, a few seconds more);
+8. ``bench.decode_step --quick`` at B 1 and 16;
 9. ``bench.paged_attention --quick``; 10. ``bench.host_time --quick`` (pytest-benchmark);
 11. the window sweeps of a Qwen3-8B-shaped random model, with whatever time is left.
 
@@ -95,21 +98,24 @@ def _bench(name: str, limit_s: int, module_and_arguments: str) -> Step:
 def plan() -> list[Step]:
     """The steps in the order they run (see the module docstring)."""
     window_kernels = [f"tests/test_{name}_kernel.py"
-                      for name in ("rope_kv_append", "reorder_window", "commit_window", "silu_mul")]
-    # the one cuda-marked test outside the kernel and model_min files (tests/test_gpu_check.py
+                      for name in ("rope_kv_append", "reorder_window", "commit_window", "silu_mul",
+                                   "process_logits")]
+    # the cuda-marked tests outside the kernel and model_min files (tests/test_gpu_check.py
     # checks that every cuda-marked test is in some step)
-    window_kernels.append(
-        "tests/test_select_tokens.py::test_tensors_on_different_devices_are_rejected")
+    window_kernels += [
+        "tests/test_select_tokens.py::test_tensors_on_different_devices_are_rejected",
+        "tests/test_process_logits.py::test_tensors_on_different_devices_are_rejected_on_gpu"]
     return [
         Step("probe", 60, ["-m", "bench.gpu_check", "--probe"]),
         _pytest("select_tokens kernel tests", 150, "tests/test_select_tokens_kernel.py"),
         _pytest("select_tokens race stress", 60, "tests/test_select_tokens_race.py"),
         _pytest("paged_attention kernel tests", 120, "tests/test_paged_attention_kernel.py"),
-        _pytest("rope, reorder, commit, silu kernel tests", 90, *window_kernels),
+        _pytest("rope, reorder, commit, silu, process_logits kernel tests", 120,
+                *window_kernels),
         _pytest("model_min cuda tests (Liger required)", 90, "-m", "cuda",
                 "tests/test_model_min_generator.py", "tests/test_model_min_layers.py",
                 env={"MODEL_MIN_REQUIRE_LIGER": "1"}),
-        _bench("bench.select_tokens --quick", 60, "bench.select_tokens --quick"),
+        _bench("bench.select_tokens --quick", 75, "bench.select_tokens --quick"),
         _bench("bench.decode_step --quick (B 1, 16)", 150,
                "bench.decode_step --quick --batches 1 16"),
         _bench("bench.paged_attention --quick", 60, "bench.paged_attention --quick"),

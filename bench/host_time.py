@@ -104,6 +104,13 @@ def decode_inputs(device: torch.device, small: bool) -> dict[str, tuple]:
                           torch.full((1,), 0.4, **f32), torch.full((1,), 0.02, **f32),
                           torch.zeros(1, dtype=torch.int64, device=device)),
         "commit_window": commit_inputs(device),
+        # the penalties (the widest per-token state), in the op's positional order
+        "process_logits": (randn(rows, vocab), cu_rows, row_pos, torch.tensor([context], **i32),
+                           torch.ones(1, **f32), None, None, None, None, None,
+                           torch.randint(0, 3, (1, vocab), generator=g).to(**i32),
+                           torch.rand(1, vocab, generator=g).lt(0.1).to(device),
+                           torch.full((1,), 0.5, **f32), torch.full((1,), 0.2, **f32),
+                           torch.full((1,), 1.1, **f32), None, None),
         "silu_mul": (randn(slots, 2 * intermediate),),
     }
 

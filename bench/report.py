@@ -172,6 +172,8 @@ IMPL_METRICS = {  # per-case key -> (column suffix, formatter)
     "fraction_of_copy_bandwidth": ("% copy BW", percent),
     "tflops": ("TFLOP/s", fixed(1)),
     "fraction_of_matmul_tflops": ("% matmul", percent),
+    "added_us": ("added µs", fixed(1)),  # bench.select_tokens' rules: with rules - plain
+    "added_over_plain": ("added / plain", percent),
 }
 
 

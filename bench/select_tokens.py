@@ -34,17 +34,45 @@ PyTorch implementation on the same inputs (entropy within 1e-4 relative, greedy 
 selection equal, sampled tokens equal on at least 99% of the rows: the rest are fp32
 near-ties).
 
+The same run then prices a request's logit rules (``rules`` in the results): on the inputs
+of the ``temperature`` set at every R, the plain ``select_tokens`` call against
+``process_logits`` + ``select_tokens`` (wedlm_kernels.ops.logits; the Triton launchers of
+both on a GPU, the PyTorch implementations on the CPU) with three rule sets (:data:`RULES`
+has the values):
+
+- ``penalties_bias``: presence, frequency and repetition penalties on each sequence's
+  committed outputs (``output_counts``: up to 512 generated tokens, half of them repeats of
+  32 frequent ones) and its prompt (``prompt_mask``), and a logit bias of 4 entries;
+- ``bitmask``: a grammar's row bitmask (``token_bitmask``) allowing a random half of the
+  vocabulary in every row;
+- ``all``: both, with ``allowed_mask`` (a random 3/4 of the vocabulary per sequence),
+  ``min_tokens`` with 2 stop ids and ``min_p``.
+
+``process_logits`` changes the logits in place, so every timed call (the plain one too)
+first restores them from a pristine copy with one copy kernel, as the LM head would write
+them; the restore is timed alone the same way and subtracted (``common.subtract_restore``).
+Per case and mode: each call's median, the cost the rules add (``added_us``: with rules
+minus plain) and that cost over the plain call (``added_over_plain``). Untimed checks: the
+Triton ``process_logits`` equals the PyTorch implementation bit for bit on every set, and
+after all rules every selected token is allowed by its row's bitmask and its sequence's
+``allowed_mask``.
+
 Results: ``select_tokens.json``, ``select_tokens.md`` and ``select_tokens.png`` (when
 matplotlib is installed) in ``--out-dir`` (default ``bench/results/<device-name-slug>/``).
 Without a CUDA GPU the default mode prints that GPU benchmarks are skipped and exits 0;
 ``--cpu-smoke`` runs the whole code path on CPU tensors at tiny shapes with the PyTorch
-implementation and the engine sampler (``--interpret`` adds the Triton launcher through
-Triton's interpreter), writing to a temporary folder unless ``--out-dir`` is given.
+implementations and the engine sampler (``--interpret`` adds the Triton launchers through
+Triton's interpreter) on one intra-op thread (recorded as the device's ``torch_threads``),
+writing to a temporary folder unless ``--out-dir`` is given (``bench/results/cpu/`` keeps
+one such run: CPU figures at vocabulary 1000).
 """
 
 import argparse
+import statistics
 import sys
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -87,6 +115,41 @@ PARAMS = (
     Params("top_k_top_p", 0.7, 50, 0.9, engine=True),
 )
 
+
+@dataclass(frozen=True)
+class Rules:
+    """The logit rules of the ``rules`` cases, the same for every sequence."""
+
+    presence_penalty: float = 0.5
+    frequency_penalty: float = 0.3
+    repetition_penalty: float = 1.1
+    max_generated: int = 512  # committed outputs per sequence: uniform in [0, this)
+    frequent_tokens: int = 32  # half of the outputs repeat one of these
+    bias_entries: int = 4  # logit_bias entries, values uniform in [-5, 5)
+    min_p: float = 0.05
+    min_tokens: int = 32
+    stop_ids: int = 2
+
+
+RULES = Rules()
+RULES_PARAMS = PARAMS[1]  # temperature 0.7 alone: min_p applies (not at temperature 0)
+RULE_GROUPS = {  # process_logits' keyword arguments, given together
+    "penalties": ("output_counts", "prompt_mask", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty"),
+    "bias": ("bias_ids", "bias_values"),
+    "bitmask": ("token_bitmask",),
+    "allowed": ("allowed_mask",),
+    "min_tokens": ("min_tokens", "stop_ids"),
+    "min_p": ("min_p",),
+}
+RULE_SETS = {
+    "penalties_bias": ("penalties", "bias"),
+    "bitmask": ("bitmask",),
+    "all": tuple(RULE_GROUPS),
+}
+RULES_SUMMARY_ROWS = (1, 16, 256)  # the rows of a --quick run (bench/gpu_check.sh)
+RULES_CPU_ROUNDS = 15  # rounds of interleaved calls on the CPU
+
 METHODS = {
     "eager": (
         "triton.testing.do_bench, every per-call time kept: the L2 cache is flushed before "
@@ -115,6 +178,17 @@ METHODS = {
     "engine": (
         "bench.select_tokens.engine_sampler: the reference engine's sampler re-stated, one "
         "sequence at a time with its host synchronisations."
+    ),
+    "rules": (
+        "process_logits + select_tokens against select_tokens alone on the temperature set's "
+        "inputs. Every timed call restores the logits first (one copy kernel from a pristine "
+        "copy, as the LM head writes them); the restore alone is timed the same way and "
+        "subtracted: median_us = median(restore + call) - median(restore) (raw: "
+        "with_restore_us, restore_us). added_us = with rules - plain; added_over_plain = "
+        "added_us / plain; process_logits_<set>: the rules alone, timed the same way. "
+        "GPU: each call timed like the others (eager, graph); CPU: the calls interleaved, "
+        "one of each per round after a warm-up call each (samples = rounds), so that the "
+        "load of a shared machine falls on every call alike."
     ),
 }
 
@@ -148,6 +222,78 @@ def make_inputs(sizes: Sizes, params: Params, num_rows: int, device: torch.devic
         full((num_seqs,), sizes.penalty, dtype=torch.float32).to(device),
         torch.randint(0, 2**62, (num_seqs,), generator=generator).to(device),
     )
+
+
+def make_rule_inputs(args: tuple, rules: Rules, seed: int) -> dict[str, torch.Tensor]:
+    """Every logit rule's tensors for the decode step ``args`` (:func:`make_inputs`), on its
+    device: ``output_start`` and each keyword argument of ``process_logits``.
+
+    Sequence ``b``'s first window row is at its context length ``n``; its last ``g`` tokens
+    (``g`` uniform below ``min(n, rules.max_generated)``) are its committed outputs, half of
+    them one of ``rules.frequent_tokens`` frequent ids (``output_counts``), the ``n - g``
+    before them its prompt (``prompt_mask``, random ids). The row bitmask allows each token
+    with probability 1/2, ``allowed_mask`` with probability 3/4."""
+    logits, cu_rows, row_pos, temperature = args[0], args[1], args[2], args[3]
+    num_rows, vocab = logits.shape
+    num_seqs = cu_rows.shape[0] - 1
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def uniform(*shape):
+        return torch.rand(*shape, generator=generator)
+
+    def tokens(count):
+        return torch.randint(0, vocab, (count,), generator=generator)
+
+    def words(count):
+        return torch.randint(-2**31, 2**31, (count, -(-vocab // 32)), dtype=torch.int32,
+                             generator=generator)
+
+    context = row_pos.cpu()[cu_rows[:-1].long().cpu()]
+    generated = (uniform(num_seqs) * context.clamp(max=rules.max_generated)).long()
+    counts = torch.zeros(num_seqs, vocab, dtype=torch.int32)
+    prompt = torch.zeros(num_seqs, vocab, dtype=torch.bool)
+    for b, (n, g) in enumerate(zip(context.tolist(), generated.tolist())):
+        frequent = tokens(rules.frequent_tokens)
+        repeat = frequent[torch.randint(0, rules.frequent_tokens, (g,), generator=generator)]
+        outputs = torch.where(uniform(g) < 0.5, repeat, tokens(g))
+        counts[b] = torch.bincount(outputs, minlength=vocab).to(torch.int32)
+        prompt[b, tokens(n - g)] = True
+
+    def full(value, dtype=torch.float32):
+        return torch.full((num_seqs,), value, dtype=dtype)
+
+    inputs = {
+        "output_start": (context - generated).to(torch.int32),
+        "output_counts": counts, "prompt_mask": prompt,
+        "presence_penalty": full(rules.presence_penalty),
+        "frequency_penalty": full(rules.frequency_penalty),
+        "repetition_penalty": full(rules.repetition_penalty),
+        "bias_ids": torch.randint(0, vocab, (num_seqs, rules.bias_entries),
+                                  generator=generator),
+        "bias_values": uniform(num_seqs, rules.bias_entries) * 10 - 5,
+        "token_bitmask": words(num_rows),
+        "allowed_mask": words(num_seqs) | words(num_seqs),
+        "min_tokens": full(rules.min_tokens, torch.int32),
+        "stop_ids": torch.randint(0, vocab, (num_seqs, rules.stop_ids), generator=generator),
+        "min_p": full(rules.min_p),
+    }
+    inputs = {name: value.to(logits.device) for name, value in inputs.items()}
+    inputs["temperature"] = temperature
+    return inputs
+
+
+def rule_arguments(inputs: dict[str, torch.Tensor], rule_set: str) -> dict:
+    """process_logits' keyword arguments for ``rule_set`` (``RULE_SETS``): its groups'
+    tensors, ``None`` for every other rule."""
+    given = {name for group in RULE_SETS[rule_set] for name in RULE_GROUPS[group]}
+    return {name: inputs[name] if name in given else None
+            for group in RULE_GROUPS.values() for name in group}
+
+
+def allowed(words: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Whether bit ``token % 32`` of ``words[i, token // 32]`` is set, per row ``i``."""
+    word = words.gather(1, (token // 32)[:, None]).squeeze(1)
+    return ((word >> (token % 32).to(torch.int32)) & 1).bool()
 
 
 def bytes_moved(args: tuple) -> dict:
@@ -313,6 +459,110 @@ def time_on_gpu(call, timer: Timer, capturable: bool) -> dict:
     return timings
 
 
+# ------------------------------------------------------------------------ the logit rules
+
+
+def check_rules(args: tuple, inputs: dict, launchers: dict) -> dict:
+    """Untimed checks of a rules case: with the Triton launchers, ``process_logits_triton``
+    equals ``process_logits_torch`` bit for bit on every rule set; with every rule, each
+    token ``select_tokens`` selects is allowed by its row's bitmask and its sequence's
+    ``allowed_mask`` (the rules were applied)."""
+    logits, cu_rows, row_pos = args[:3]
+    checks = {}
+
+    def processed(process, rule_set):
+        out = logits.clone()
+        process(out, cu_rows, row_pos, inputs["output_start"], inputs["temperature"],
+                **rule_arguments(inputs, rule_set))
+        return out
+
+    if launchers["process"] is not launchers["process_torch"]:
+        equal = {name: bool(torch.equal(processed(launchers["process"], name),
+                                        processed(launchers["process_torch"], name)))
+                 for name in RULE_SETS}
+        checks["process_logits_vs_torch"] = {"ok": all(equal.values()), "bit_equal": equal}
+    token, selected, _ = launchers["select"](processed(launchers["process"], "all"), *args[1:])
+    sequence = torch.searchsorted(cu_rows.long(), torch.arange(len(token), device=token.device),
+                                  right=True) - 1
+    ok = (allowed(inputs["token_bitmask"], token)
+          & allowed(inputs["allowed_mask"].index_select(0, sequence), token))
+    checks["bans_respected"] = {"ok": bool(ok[selected].all()),
+                                "selected_rows": int(selected.sum())}
+    return checks
+
+
+def run_rules_case(sizes: Sizes, num_rows: int, launchers: dict, timer: Timer,
+                   seed: int) -> dict:
+    """On the inputs of ``RULES_PARAMS`` at ``num_rows`` rows: the plain ``select_tokens``
+    call (``plain``), ``process_logits`` with each rule set of ``RULE_SETS`` then
+    ``select_tokens`` (``<set>``), and ``process_logits`` alone (``process_logits_<set>``);
+    every call after a restore of the logits, the restore subtracted."""
+    args = make_inputs(sizes, RULES_PARAMS, num_rows, timer.device, seed)
+    inputs = make_rule_inputs(args, RULES, seed)
+    case = {
+        "params": {"rows": num_rows, "sequences": args[1].shape[0] - 1,
+                   "rows_per_sequence": min(sizes.rows_per_sequence, num_rows),
+                   "parameters": RULES_PARAMS.name},
+        "timings": {},
+        "check": check_rules(args, inputs, launchers),
+    }
+    packed = common.PackedState({"logits": args[0]}, timer.device)
+    logits, rest = packed.views["logits"], args[1:]
+    process, select = launchers["process"], launchers["select"]
+
+    def call(rule_set: str | None, then_select: bool = True) -> Callable[[], object]:
+        def step():
+            packed.restore()
+            if rule_set is not None:
+                process(logits, rest[0], rest[1], inputs["output_start"],
+                        inputs["temperature"], **rule_arguments(inputs, rule_set))
+            return select(logits, *rest) if then_select else None
+        return step
+
+    calls = {"restore": packed.restore, "plain": call(None),
+             **{name: call(name) for name in RULE_SETS},
+             **{f"process_logits_{name}": call(name, then_select=False) for name in RULE_SETS}}
+    if timer.cuda:
+        timings = {name: time_on_gpu(fn, timer, capturable=True) for name, fn in calls.items()}
+    else:
+        timings = time_interleaved_cpu(calls, RULES_CPU_ROUNDS)
+    case["timings"]["restore"] = restore = timings.pop("restore")
+    for name, timing in timings.items():
+        case["timings"][name] = common.subtract_restore(timing, restore)
+    packed.restore()
+    return case
+
+
+def time_interleaved_cpu(calls: dict[str, Callable[[], object]], rounds: int) -> dict:
+    """``{name: {"cpu": Timing json}}``: ``time.perf_counter`` around single calls, after
+    one warm-up call each, in ``rounds`` rounds of one call of each in turn, so that a
+    shared machine's drift falls on every call alike (the rules' figures are differences)."""
+    samples = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append((time.perf_counter() - start) * 1e6)
+    return {name: {"cpu": common.Timing(statistics.median(values), len(values), "cpu").to_json()}
+            for name, values in samples.items()}
+
+
+def add_rules_derived(case: dict) -> None:
+    """``added_us[set][mode]`` (the set's median minus the plain call's) and
+    ``added_over_plain[set][mode]`` (that over the plain call's median) of a rules case."""
+    case["added_us"], case["added_over_plain"] = {}, {}
+    for name in RULE_SETS:
+        added, relative = {}, {}
+        for mode in case["timings"].get(name, {}):
+            plain = common.median_us(case, "plain", mode)
+            with_rules = common.median_us(case, name, mode)
+            added[mode] = None if None in (plain, with_rules) else with_rules - plain
+            relative[mode] = None if added[mode] is None else common.ratio(added[mode], plain)
+        case["added_us"][name], case["added_over_plain"][name] = added, relative
+
+
 # ------------------------------------------------------------------------------ reporting
 
 
@@ -378,22 +628,89 @@ def write_markdown(report: dict, path: Path) -> None:
             if result["cases"]:
                 lines += [f"Mode `{mode}`: {METHODS[mode]}", ""]
                 lines += case_table(result["cases"], mode) + [""]
+    lines += rules_lines(report, report.get("rules"))
     lines += ["## How it is measured", ""]
     lines += [f"- **{name}**: {text}" for name, text in METHODS.items()]
     lines += [f"- **plot**: {report['plot']}", ""]
     path.write_text("\n".join(lines))
 
 
+def timing_cell(case: dict, name: str, mode: str) -> str:
+    timing = case["timings"].get(name, {}).get(mode, {})
+    return "error" if "error" in timing else fmt(timing.get("median_us"), 1)
+
+
+def added_cell(case: dict, name: str, mode: str) -> str:
+    added = case.get("added_us", {}).get(name, {}).get(mode)
+    relative = case.get("added_over_plain", {}).get(name, {}).get(mode)
+    if added is None:
+        return "—"
+    return f"{added:+.1f} µs" + ("" if relative is None else f" ({100 * relative:+.1f}%)")
+
+
+def rules_table(cases: list[dict], mode: str) -> list[str]:
+    headers = ["rows", "B × rows", "plain µs"]
+    for name in RULE_SETS:
+        headers += [f"{name} µs", f"{name} added", f"{name}: process_logits alone µs"]
+    headers.append("check")
+    lines = []
+    for case in cases:
+        p = case["params"]
+        row = [str(p["rows"]), f"{p['sequences']} × {p['rows_per_sequence']}",
+               timing_cell(case, "plain", mode)]
+        for name in RULE_SETS:
+            row += [timing_cell(case, name, mode), added_cell(case, name, mode),
+                    timing_cell(case, f"process_logits_{name}", mode)]
+        failed = [name for name, check in case["check"].items() if not check["ok"]]
+        row.append("FAIL: " + ", ".join(failed) if failed else "ok")
+        lines.append(row)
+    return markdown_table(headers, lines)
+
+
+def rules_lines(report: dict, rules: dict | None) -> list[str]:
+    """The Markdown section of the rules cases (none when the run has none)."""
+    if rules is None:
+        return []
+    p = rules["params"]
+    lines = [
+        "## Logit rules: process_logits + select_tokens against select_tokens alone", "",
+        f"Implementations: {rules['implementation']}; the inputs of the `{p['parameters']}` "
+        f"set (temperature {p['temperature']}). Rule sets: "
+        + "; ".join(f"`{name}`: {', '.join(groups)}" for name, groups in rules["sets"].items())
+        + f". Penalties: presence {p['presence_penalty']}, frequency "
+        f"{p['frequency_penalty']}, repetition {p['repetition_penalty']} on up to "
+        f"{p['max_generated']} committed outputs and the prompt; {p['bias_entries']} bias "
+        f"entries; min_p {p['min_p']}; min_tokens {p['min_tokens']} with {p['stop_ids']} stop "
+        "ids; the row bitmask allows half of the vocabulary, allowed_mask 3/4. "
+        "\"added\": with the rules minus plain, and over plain; \"process_logits alone\": "
+        "the rules without the selection. Restore times (subtracted) are in the JSON.", "",
+    ]
+    for message in rules.get("case_errors", []):
+        lines += [f"**Case failed:** {message}", ""]
+    if rules.get("error"):
+        lines += [f"**Error:** {rules['error']}", ""]
+    for mode in report["modes"]:
+        if rules["cases"]:
+            lines += [f"Mode `{mode}`: {METHODS[mode]}", ""]
+            lines += rules_table(rules["cases"], mode) + [""]
+    return lines
+
+
+def plot_panels(report: dict) -> int:
+    """One panel per parameter set, and one for the rules cases when there are any."""
+    return len(report["parameters"]) + bool(report.get("rules", {}).get("cases"))
+
+
 def write_plot(report: dict, path: Path) -> Path | str:
-    """µs against the mask rows, one panel per parameter set (``common.save_plot``)."""
-    count = len(report["parameters"])
+    """µs against the mask rows, one panel per parameter set, and the µs each rule set
+    adds to the plain call (``common.save_plot``)."""
     return common.save_plot(lambda figure: draw_plot(figure, report), path,
-                            size=(4.5 * count, 4.5))
+                            size=(4.5 * plot_panels(report), 4.5))
 
 
 def draw_plot(figure, report: dict) -> None:
     mode = report["modes"][0]
-    axes = figure.subplots(1, len(report["parameters"]), squeeze=False)[0]
+    axes = figure.subplots(1, plot_panels(report), squeeze=False)[0]
     colors = {"triton": "C0", "torch": "C1", "engine": "C2"}
     for axis, (name, result) in zip(axes, report["parameters"].items()):
         for impl, color in colors.items():
@@ -408,8 +725,30 @@ def draw_plot(figure, report: dict) -> None:
         axis.grid(True, which="both", alpha=0.3)
         if axis.lines:
             axis.legend(fontsize=8)
+    if plot_panels(report) > len(report["parameters"]):
+        draw_rules(axes[-1], report["rules"]["cases"], mode)
     figure.suptitle(f"{report['device']['name']}: select_tokens, V = "
                     f"{report['shapes']['vocab']}, {report['date']}")
+
+
+def draw_rules(axis, cases: list[dict], mode: str) -> None:
+    """Per rule set: the µs it adds to the plain call (solid) and process_logits alone
+    (dashed)."""
+    rows = [c["params"]["rows"] for c in cases]
+    for index, name in enumerate(RULE_SETS):
+        added = [c["added_us"].get(name, {}).get(mode) for c in cases]
+        alone = [common.median_us(c, f"process_logits_{name}", mode) for c in cases]
+        for label, values, style in ((name, added, "-"), (f"{name}: alone", alone, "--")):
+            points = [(x, y) for x, y in zip(rows, values) if y is not None]
+            if points:
+                axis.plot(*zip(*points), style, marker="o", color=f"C{index + 3}", label=label)
+    if axis.lines:
+        axis.legend(fontsize=8)
+    axis.axhline(0, color="grey", linewidth=0.8)
+    axis.set(title=f"process_logits added ({mode})", xlabel="mask rows R",
+             ylabel="µs over plain select_tokens")
+    axis.set_xscale("log", base=2)
+    axis.grid(True, which="both", alpha=0.3)
 
 
 SUMMARY_ROWS = (1, 16, 256, 1024)
@@ -420,7 +759,8 @@ def summarise(report: dict) -> dict:
     a sampling parameter set's time to greedy's at the same rows (rows 1, 16, 256, 1024), the
     slowest sampling set at one row, greedy's lowest fraction of copy bandwidth at 256 rows
     or more, and the eager speed-up over the reference-engine sampler at 16 sequences x 16
-    rows with top-k 50 and top-p 0.9. None where a case needed did not run."""
+    rows with top-k 50 and top-p 0.9; with the rules cases, :func:`summarise_rules`. None
+    where a case needed did not run."""
     by_rows = {name: {case["params"]["rows"]: case for case in result.get("cases", [])}
                for name, result in report["parameters"].items()}
     greedy = by_rows.get("greedy", {})
@@ -446,7 +786,23 @@ def summarise(report: dict) -> dict:
              for rows, case in greedy.items() if rows >= 256], min),
         "speedup_over_engine_16x16": common.figure(
             engine_case, "speedup", "triton_over_engine", "eager"),
+        **summarise_rules(report.get("rules")),
     }
+
+
+def summarise_rules(rules: dict | None) -> dict:
+    """Per rule set and rows R in ``RULES_SUMMARY_ROWS``, graph mode:
+    ``process_logits_<set>_added_us_r<R>``, the µs that process_logits with the set adds to
+    the plain select_tokens call at R mask rows, and ``process_logits_<set>_added_over_plain_
+    r<R>``, that over the plain call (0.25: the step's selection takes 25% longer). Nothing
+    for a report without rules cases (results from before them)."""
+    if rules is None:
+        return {}
+    by_rows = {case["params"]["rows"]: case for case in rules.get("cases", [])}
+    return {f"process_logits_{name}_{figure}_r{rows}":
+            common.figure(by_rows.get(rows), figure, name, "graph")
+            for name in RULE_SETS for figure in ("added_us", "added_over_plain")
+            for rows in RULES_SUMMARY_ROWS}
 
 
 def write_outputs(run: common.OpRun, report: dict, final: bool) -> None:
@@ -469,8 +825,21 @@ def load_launchers(with_triton: bool) -> dict:
             "torch": select.select_tokens_torch, "engine": engine_sampler}
 
 
+def load_rule_launchers(with_triton: bool) -> dict:
+    """The rules cases' ``process`` and ``select`` launchers (Triton's, or the PyTorch
+    implementations), and ``process_torch`` to check ``process`` against."""
+    from wedlm_kernels.ops import logits, select
+
+    return {"process": logits.process_logits_triton if with_triton
+            else logits.process_logits_torch,
+            "select": select.select_tokens_triton if with_triton else select.select_tokens_torch,
+            "process_torch": logits.process_logits_torch}
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     sizes = SMOKE if args.cpu_smoke else QUICK if args.quick else FULL
+    if args.cpu_smoke:  # tiny tensors: on a shared 2-core machine a second thread only waits
+        torch.set_num_threads(1)
     bench = common.start_op_run("select_tokens", args, argv,
                                 8 * 2**20 if args.cpu_smoke else 2**30)
     print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s", flush=True)
@@ -498,6 +867,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         context_lost = bench.run_group(
             result, cases, lambda case: add_derived(case, bench.copy["gb_per_s"]),
             lambda final: write_outputs(bench, report, final), prefix=f"{params.name} ")
+    rules = {"implementation": "triton" if bench.with_triton else "torch",
+             "params": {"parameters": RULES_PARAMS.name,
+                        "temperature": RULES_PARAMS.temperature, **asdict(RULES)},
+             "sets": {name: list(groups) for name, groups in RULE_SETS.items()}, "cases": []}
+    report["rules"] = rules
+    if context_lost:
+        rules["error"] = f"not run: the CUDA context was lost ({context_lost})"
+    else:
+        rule_launchers = load_rule_launchers(bench.with_triton)
+        cases = [(f"R={num_rows}", lambda num_rows=num_rows: run_rules_case(
+            sizes, num_rows, rule_launchers, bench.timer, args.seed))
+            for num_rows in sizes.rows]
+        context_lost = bench.run_group(rules, cases, add_rules_derived,
+                                       lambda final: write_outputs(bench, report, final),
+                                       prefix="rules ")
     report["complete"] = context_lost is None
     write_outputs(bench, report, final=True)
     report["out_dir"] = str(bench.out_dir)
@@ -506,7 +890,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
 def failures(report: dict) -> list[str]:
     """Errors and mismatches of a finished report (the exit status is 1 if any)."""
-    return [failure for name, result in report["parameters"].items()
+    groups = {**report["parameters"], "rules": report.get("rules", {})}
+    return [failure for name, result in groups.items()
             for failure in common.group_failures(result, name,
                                                  lambda case: f"R={case['params']['rows']}")]
 

@@ -76,6 +76,7 @@ ROPE = "wedlm_kernels/ops/rope.py"
 ATTENTION = "wedlm_kernels/ops/attention.py"
 REORDER = "wedlm_kernels/ops/reorder.py"
 COMMIT = "wedlm_kernels/ops/commit.py"
+LOGITS = "wedlm_kernels/ops/logits.py"
 SELECT_TESTS = ("tests/test_select_tokens.py",)
 SELECT_KERNEL_TESTS = ("tests/test_select_tokens_kernel.py",)
 INT64_TESTS = ("tests/test_int64_offsets.py",)
@@ -87,6 +88,8 @@ REORDER_TESTS = ("tests/test_reorder_window.py",)
 REORDER_KERNEL_TESTS = ("tests/test_reorder_window_kernel.py",)
 COMMIT_TESTS = ("tests/test_commit_window.py",)
 COMMIT_KERNEL_TESTS = ("tests/test_commit_window_kernel.py",)
+LOGITS_TESTS = ("tests/test_process_logits.py",)
+LOGITS_KERNEL_TESTS = ("tests/test_process_logits_kernel.py",)
 DECODER_TESTS = ("tests/test_reference_decoder.py",)
 MODEL_MIN_TESTS = ("tests/test_model_min_generator.py", "tests/test_model_min_logits.py")
 
@@ -448,6 +451,105 @@ MUTATIONS: list[Mutation] = [
           "activated = gate * tl.sigmoid(gate)"),),
         ("tests/test_silu_mul_kernel.py",), "silu is not rounded before the product",
     ),
+    # ------------------------------------------------------------ process_logits, PyTorch
+    Mutation(
+        "logits-torch-presence-not-subtracted", LOGITS,
+        (("x = torch.where(appeared, x - presence, x)", "x = torch.where(appeared, x, x)"),),
+        LOGITS_TESTS, "the presence penalty is never subtracted",
+    ),
+    Mutation(
+        "logits-torch-frequency-only-on-seen-tokens", LOGITS,
+        (("        x = x - frequency * counts.float()\n",
+          "        x = torch.where(appeared, x - frequency * counts.float(), x)\n"),),
+        LOGITS_TESTS, "the frequency term skips unseen tokens: -0.0 - (-2 * 0) stays -0.0",
+        keyword="penalties_by_hand",
+    ),
+    Mutation(
+        "logits-torch-bitmask-ignored", LOGITS,
+        (("        banned |= ~_bits(token_bitmask, vocab_size)\n", "        pass\n"),),
+        LOGITS_TESTS, "a row's grammar bitmask bans nothing",
+    ),
+    Mutation(
+        "logits-torch-min-tokens-ignored", LOGITS,
+        (("        banned |= early[:, None] & _matches(stop_ids.index_select(0, owner), "
+          "vocab_size)\n", ""),),
+        LOGITS_TESTS, "stop ids are not banned below min_tokens",
+    ),
+    Mutation(
+        "logits-torch-bias-not-added", LOGITS,
+        (("x = torch.where(_matches(ids, vocab_size), x + added, x)",
+          "x = torch.where(_matches(ids, vocab_size), x, x)"),),
+        LOGITS_TESTS, "logit_bias is not added",
+    ),
+    Mutation(
+        "logits-torch-bias-padding-adds-plus-zero", LOGITS,
+        (("torch.where(inside, values, -0.0))", "torch.where(inside, values, 0.0))"),),
+        LOGITS_TESTS, "padding bias entries add +0.0 to token 0: a -0.0 logit turns +0.0",
+        keyword="bias_adds_its_value",
+    ),
+    Mutation(
+        "logits-torch-min-p-skipped", LOGITS,
+        (("stored = torch.where(cut_on[:, None] & (values < cut[:, None]),",
+          "stored = torch.where(cut_on[:, None] & (values < cut[:, None]) & False,"),),
+        LOGITS_TESTS, "min_p cuts nothing",
+    ),
+    # ------------------------------------------------------------ process_logits, kernels
+    Mutation(
+        "logits-kernel-presence-not-subtracted", LOGITS,
+        (("x = tl.where(appeared, x - presence, x)", "x = tl.where(appeared, x, x)"),),
+        LOGITS_KERNEL_TESTS, "the presence penalty is never subtracted",
+    ),
+    Mutation(
+        "logits-kernel-frequency-only-on-seen-tokens", LOGITS,
+        (("            x = x - frequency * counts.to(tl.float32)\n",
+          "            x = tl.where(appeared, x - frequency * counts.to(tl.float32), x)\n"),),
+        LOGITS_KERNEL_TESTS, "the frequency term skips unseen tokens: -0.0 - (-2 * 0) "
+        "stays -0.0", keyword="signed_zero",
+    ),
+    Mutation(
+        "logits-kernel-approximate-division", LOGITS,
+        (("tl.math.div_rn(x, repetition)", "x / repetition"),),
+        LOGITS_KERNEL_TESTS, "the repetition penalty divides with div.full.f32 on the GPU "
+        "(up to 2 ulp off)", keyword="ieee_rounding",
+    ),
+    Mutation(
+        "logits-kernel-bitmask-ignored", LOGITS,
+        (("            banned |= ~_bit_set(token_bitmask_ptr + row * bitmask_words, tokens, "
+          "inside)\n", "            banned |= banned\n"),),
+        LOGITS_KERNEL_TESTS, "a row's grammar bitmask bans nothing",
+    ),
+    Mutation(
+        "logits-kernel-min-tokens-inclusive", LOGITS,
+        (("if output_index < tl.load(min_tokens_ptr + sequence):",
+          "if output_index <= tl.load(min_tokens_ptr + sequence):"),),
+        LOGITS_KERNEL_TESTS, "stop ids are still banned at output index min_tokens",
+    ),
+    Mutation(
+        "logits-kernel-bias-not-added", LOGITS,
+        (("x = tl.where(tokens == tl.load(ids_ptr + j), x + tl.load(values_ptr + j), x)",
+          "x = tl.where(tokens == tl.load(ids_ptr + j), x, x)"),),
+        LOGITS_KERNEL_TESTS, "logit_bias is not added",
+    ),
+    Mutation(
+        "logits-kernel-row-stride-ignored", LOGITS,
+        (("        row_ptr = logits_ptr + row * logits_row_stride + tokens\n",
+          "        row_ptr = logits_ptr + row * vocab_size + tokens\n"),),
+        LOGITS_KERNEL_TESTS, "the rules kernel addresses rows as if the logits were "
+        "contiguous",
+    ),
+    Mutation(
+        "logits-kernel-min-p-skipped", LOGITS,
+        (("if valid & (temperature > 0) & (min_p > 0):",
+          "if valid & (temperature > 0) & (min_p < 0):"),),
+        LOGITS_KERNEL_TESTS, "min_p cuts nothing",
+    ),
+    Mutation(
+        "logits-kernel-min-p-max-of-the-last-block", LOGITS,
+        (("run_max = tl.maximum(run_max, tl.where(x != x, float(\"-inf\"), x))",
+          "run_max = tl.where(x != x, float(\"-inf\"), x)"),),
+        LOGITS_KERNEL_TESTS, "the min_p cut starts from the maximum of the row's last block",
+        keyword="min_p_finds_the_maximum",
+    ),
     # ------------------------------------------------------------ dispatch
     Mutation(
         "dispatch-skips-the-dispatcher-under-modes", "wedlm_kernels/_dispatch.py",
@@ -494,6 +596,21 @@ MUTATIONS: list[Mutation] = [
           "        return state.size * state.win_tokens.shape[1]\n"),),
         MODEL_MIN_TESTS, "a window step feeds B * 2W rows instead of its live rows",
         keyword="feed_the_model_only_live_rows",
+    ),
+    Mutation(
+        "model-min-penalties-never-count-outputs", "model_min/generator.py",
+        (("        if not self._rules[\"penalties\"]:\n            return\n        index = ",
+          "        return\n        index = "),),
+        MODEL_MIN_TESTS, "the committed tokens never reach the counts the penalties read",
+        keyword="rules",
+    ),
+    Mutation(
+        "model-min-min-tokens-not-passed", "model_min/generator.py",
+        (('min_tokens=s.min_tokens if rules["min_tokens"] else None,',
+          "min_tokens=None,"),
+         ('stop_ids=s.stop_ids if rules["min_tokens"] else None,', "stop_ids=None,")),
+        MODEL_MIN_TESTS, "min_tokens is never applied: a stop id can end a request early",
+        keyword="rules",
     ),
     Mutation(
         "model-min-row-buckets-too-coarse", "model_min/generator.py",
@@ -717,6 +834,32 @@ VLLM_MUTATIONS.append(Mutation(
     ("tests/vllm_plugin/test_vllm_errors.py",), "ignore_eos=1 is admitted, which a "
     "multiprocess engine cannot decode (its input thread stops)", keyword="cannot_decode",
 ))
+# The logit rules in the plugin (tests/vllm_plugin/test_vllm_sampling_params.py).
+VLLM_RULES = ("tests/vllm_plugin/test_vllm_sampling_params.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-logit-rules-not-applied", VLLM_STATE,
+        (("        if any(rules.values()):\n            self._apply_rules(",
+          "        if False:\n            self._apply_rules("),),
+        VLLM_RULES, "the sampler never runs process_logits: every rule is ignored",
+        keyword="each_rule and logit_bias and greedy",
+    ),
+    Mutation(
+        "vllm-penalties-never-count-commits", VLLM_STATE,
+        (("        if rules[\"penalties\"]:  # the step's commits join",
+          "        if False:  # the step's commits join"),),
+        VLLM_RULES, "the committed tokens never reach the counts the penalties read",
+        keyword="each_rule and presence_penalty and greedy",
+    ),
+    Mutation(
+        "vllm-allowed-row-kept-from-the-slots-last-request", VLLM_STATE,
+        (("        if self.allowed_mask is not None:  # every admitted request sets its slot's "
+          "row\n",
+          "        if used[\"allowed\"]:  # every admitted request sets its slot's row\n"),),
+        VLLM_RULES, "a request without allowed_token_ids inherits the bitmask its slot's "
+        "previous request left", keyword="mixes_rules",
+    ),
+]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}
 
 

@@ -2,8 +2,10 @@
 
 The GPU figures can only be produced on a GPU; these tests pin what can be checked without
 one: the no-GPU exit, the report plumbing (bytes model, GB/s, fractions, speed-ups, the
-Triton-vs-PyTorch check), the batch layout, and that the engine-sampler baseline computes
-what the engine computes (entropy, greedy tokens, threshold selection with its fallback).
+Triton-vs-PyTorch check), the batch layout, that the engine-sampler baseline computes
+what the engine computes (entropy, greedy tokens, threshold selection with its fallback),
+and the logit-rules cases: their inputs, the arguments each rule set passes, the added cost
+read off the medians, and checks that fail when the rules are not applied.
 """
 
 import json
@@ -31,10 +33,15 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
+ROUNDS = 3  # interleaved rounds of the rules cases in these tests (the benchmark's: 15)
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("smoke")
-    status = bench.main(["--cpu-smoke", "--out-dir", str(out_dir)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "RULES_CPU_ROUNDS", ROUNDS)
+        status = bench.main(["--cpu-smoke", "--out-dir", str(out_dir)])
     report = json.loads((out_dir / "select_tokens.json").read_text())
     markdown = (out_dir / "select_tokens.md").read_text()
     return status, report, markdown, out_dir
@@ -59,9 +66,12 @@ def test_cpu_smoke_times_every_case_of_every_parameter_set(smoke):
     assert set(report["parameters"]) == {"greedy", "temperature", "top_k", "top_p",
                                          "top_k_top_p"}
     # the summary's figures are the triton kernel's, graph mode: none from a CPU run
+    rules = {f"process_logits_{name}_{figure}_r{rows}" for name in ("penalties_bias", "bitmask",
+                                                                    "all")
+             for figure in ("added_us", "added_over_plain") for rows in (1, 16, 256)}
     assert set(report["summary"]) == {"max_sampling_over_greedy", "max_sampling_1row_us",
                                       "greedy_min_copy_bw_fraction_256plus",
-                                      "speedup_over_engine_16x16"}
+                                      "speedup_over_engine_16x16"} | rules
     assert all(value is None for value in report["summary"].values())
     for name, result in report["parameters"].items():
         assert [c["params"]["rows"] for c in result["cases"]] == list(bench.SMOKE.rows)
@@ -72,15 +82,43 @@ def test_cpu_smoke_times_every_case_of_every_parameter_set(smoke):
             for timing in case["timings"].values():
                 assert timing["cpu"]["samples"] >= 3 and timing["cpu"]["median_us"] > 0
             assert case["speedup"] == {} and case["check"] == {}
-    assert markdown.count("| rows | B × rows |") == 5
+    assert markdown.count("| rows | B × rows | MB moved |") == 5
     assert "CPU smoke run" in markdown
+
+
+def test_cpu_smoke_prices_each_rule_set_against_the_plain_call_at_every_rows(smoke):
+    status, report, markdown, _ = smoke
+    rules = report["rules"]
+    assert rules["implementation"] == "torch" and rules["params"]["parameters"] == "temperature"
+    assert rules["sets"] == {"penalties_bias": ["penalties", "bias"], "bitmask": ["bitmask"],
+                             "all": list(bench.RULE_GROUPS)}
+    assert [c["params"]["rows"] for c in rules["cases"]] == list(bench.SMOKE.rows)
+    sets = list(bench.RULE_SETS)
+    for case in rules["cases"]:
+        assert list(case["timings"]) == ["restore", "plain", *sets,
+                                         *[f"process_logits_{name}" for name in sets]]
+        restore = case["timings"]["restore"]["cpu"]["median_us"]
+        for name, timing in case["timings"].items():
+            cpu = timing["cpu"]
+            assert cpu["samples"] == ROUNDS
+            if name != "restore":  # the restore subtracted from every call's median
+                assert cpu["median_us"] == pytest.approx(cpu["with_restore_us"] - restore)
+        plain = case["timings"]["plain"]["cpu"]["median_us"]
+        for name in sets:
+            added = case["timings"][name]["cpu"]["median_us"] - plain
+            assert case["added_us"][name]["cpu"] == pytest.approx(added)
+            assert case["added_over_plain"][name]["cpu"] == pytest.approx(added / plain)
+        # no Triton: the PyTorch implementation is not checked against itself
+        assert set(case["check"]) == {"bans_respected"} and case["check"]["bans_respected"]["ok"]
+    assert "## Logit rules: process_logits + select_tokens against select_tokens alone" in markdown
+    assert markdown.count("| rows | B × rows | plain µs | penalties_bias µs |") == 1
 
 
 @needs_matplotlib
 def test_cpu_smoke_plot_is_a_png_with_a_panel_per_parameter_set(smoke):
     _, report, markdown, out_dir = smoke
     assert report["plot"] == "select_tokens.png"
-    count = len(report["parameters"])
+    count = len(report["parameters"]) + 1  # and the rules panel
     assert_png(out_dir / "select_tokens.png", size=(round(4.5 * count * 110), round(4.5 * 110)))
     assert "- **plot**: select_tokens.png" in markdown
 
@@ -132,9 +170,95 @@ def test_case_with_the_triton_launcher_checks_it_and_reports_speedups():
 def test_failures_lists_mismatches_and_errors():
     report = {"parameters": {"greedy": {"cases": [{
         "params": {"rows": 4}, "timings": {"torch": {"eager": {"error": "boom"}}},
-        "check": {"triton_vs_torch": {"ok": False}}}], "case_errors": ["R=16: failed"]}}}
+        "check": {"triton_vs_torch": {"ok": False}}}], "case_errors": ["R=16: failed"]}},
+        "rules": {"cases": [{"params": {"rows": 1}, "timings": {},
+                             "check": {"bans_respected": {"ok": False}}}],
+                  "error": "R=16: CUDA context lost"}}
     problems = bench.failures(report)
-    assert len(problems) == 3 and any("boom" in p for p in problems)
+    assert len(problems) == 5 and any("boom" in p for p in problems)
+    assert "rules R=1: bans_respected mismatch {'ok': False}" in problems
+    assert "rules: R=16: CUDA context lost" in problems
+
+
+def rule_case_inputs(vocab: int, num_rows: int, seed: int = 0) -> tuple[tuple, dict]:
+    sizes = replace(bench.SMOKE, vocab=vocab)
+    args = bench.make_inputs(sizes, bench.RULES_PARAMS, num_rows, torch.device("cpu"), seed)
+    return args, bench.make_rule_inputs(args, bench.RULES, seed)
+
+
+def test_rule_inputs_are_each_sequences_history_and_masks():
+    """The committed outputs and the prompt fill the context before the first window row;
+    the counts hold the outputs (with repeats), the masks allow about 1/2 and 3/4."""
+    args, inputs = rule_case_inputs(vocab=4000, num_rows=64)
+    cu_rows, row_pos = args[1], args[2]
+    context = row_pos[cu_rows[:-1].long()]
+    num_seqs = len(context)
+    generated = inputs["output_counts"].sum(dim=1)
+    assert inputs["output_counts"].dtype == torch.int32 and inputs["prompt_mask"].dtype == torch.bool
+    assert torch.equal(inputs["output_start"].long() + generated, context)
+    assert (generated < bench.RULES.max_generated).all() and (generated > 0).any()
+    assert (inputs["output_counts"].max(dim=1).values > 1).any()  # repeats
+    assert (inputs["prompt_mask"].sum(dim=1) <= inputs["output_start"]).all()
+    assert inputs["token_bitmask"].shape == (64, 125) and inputs["allowed_mask"].shape == (
+        num_seqs, 125)
+    every = torch.arange(4000)
+    for words, share in ((inputs["token_bitmask"], 0.5), (inputs["allowed_mask"], 0.75)):
+        bits = (words[:, every // 32] >> (every % 32).to(torch.int32)) & 1
+        assert abs(bits.double().mean().item() - share) < 0.02
+    assert inputs["bias_ids"].shape == (num_seqs, bench.RULES.bias_entries)
+    assert inputs["stop_ids"].shape == (num_seqs, bench.RULES.stop_ids)
+    assert (inputs["min_tokens"] == bench.RULES.min_tokens).all()
+    assert inputs["temperature"] is args[3] and (args[3] == 0.7).all()
+
+
+def test_allowed_reads_bit_token_mod_32_of_word_token_div_32():
+    words = torch.tensor([[0b101, 0], [0, -2**31]], dtype=torch.int32)  # tokens 0, 2; 63
+    token = torch.tensor([2, 63])
+    assert bench.allowed(words, token).tolist() == [True, True]
+    assert bench.allowed(words, torch.tensor([1, 62])).tolist() == [False, False]
+
+
+@pytest.mark.parametrize("rule_set", list(bench.RULE_SETS))
+def test_each_rule_set_passes_its_groups_and_none_for_the_others(rule_set):
+    _, inputs = rule_case_inputs(vocab=100, num_rows=4)
+    arguments = bench.rule_arguments(inputs, rule_set)
+    assert set(arguments) == {name for group in bench.RULE_GROUPS.values() for name in group}
+    given = {name for name, value in arguments.items() if value is not None}
+    assert given == {name for group in bench.RULE_SETS[rule_set]
+                     for name in bench.RULE_GROUPS[group]}
+    assert all(arguments[name] is inputs[name] for name in given)
+
+
+def test_rules_check_of_the_triton_launchers_compares_them_bit_for_bit():
+    """Through Triton's interpreter (slow: the check only, no timing), two sequences."""
+    args, inputs = rule_case_inputs(vocab=40, num_rows=5, seed=3)
+    checks = bench.check_rules(args, inputs, bench.load_rule_launchers(with_triton=True))
+    assert checks["process_logits_vs_torch"] == {
+        "ok": True, "bit_equal": dict.fromkeys(bench.RULE_SETS, True)}
+    assert checks["bans_respected"]["ok"] and checks["bans_respected"]["selected_rows"] > 0
+
+
+def test_checks_fail_when_the_rules_are_not_applied():
+    """A process launcher that leaves the logits as they are: it differs from the PyTorch
+    implementation, and the tokens drawn then break the row bitmask."""
+    args, inputs = rule_case_inputs(vocab=1000, num_rows=8)
+    launchers = {**bench.load_rule_launchers(with_triton=False),
+                 "process": lambda *args, **kwargs: None}
+    checks = bench.check_rules(args, inputs, launchers)
+    assert checks["process_logits_vs_torch"] == {
+        "ok": False, "bit_equal": dict.fromkeys(bench.RULE_SETS, False)}
+    assert not checks["bans_respected"]["ok"] and checks["bans_respected"]["selected_rows"] > 0
+
+
+def test_added_cost_is_the_difference_of_the_medians_and_none_without_them():
+    case = {"timings": {"plain": {"graph": {"median_us": 10.0}, "eager": {"error": "x"}},
+                        "penalties_bias": {"graph": {"median_us": 12.5},
+                                           "eager": {"median_us": 30.0}},
+                        "bitmask": {"graph": {"error": "capture failed"}}}}
+    bench.add_rules_derived(case)
+    assert case["added_us"] == {"penalties_bias": {"graph": 2.5, "eager": None},
+                                "bitmask": {"graph": None}, "all": {}}
+    assert case["added_over_plain"]["penalties_bias"] == {"graph": 0.25, "eager": None}
 
 
 @pytest.mark.parametrize("num_rows", [1, 5, 16, 64])

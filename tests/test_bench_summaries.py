@@ -55,6 +55,41 @@ def test_select_tokens_summary_compares_sampling_with_greedy_at_the_same_rows():
                - engine / case["timings"]["triton"]["eager"]["median_us"]) < 1e-9
 
 
+def test_select_tokens_summary_names_the_cost_of_each_rule_set_per_rows():
+    """The committed run predates the rules cases: its summary has no process_logits figure.
+    Given rules cases (figures made up here), each set's added µs and its ratio to the plain
+    call at rows 1, 16 and 256 are read off the cases' graph medians."""
+    report = copy.deepcopy(load("select_tokens"))
+    assert "rules" not in report and not any(key.startswith("process_logits_")
+                                             for key in report["summary"])
+    plain = {1: 8.0, 16: 10.0, 64: 20.0, 256: 40.0}
+    extra = {"penalties_bias": 2.0, "bitmask": 1.0, "all": 6.0}
+    report["rules"] = {"cases": []}
+    for rows, base in plain.items():
+        case = {"params": {"rows": rows}, "timings": {
+            "plain": {"graph": {"median_us": base}, "eager": {"median_us": 3 * base}},
+            **{name: {"graph": {"median_us": base + rows / 16 * us},
+                      "eager": {"median_us": 99.0}} for name, us in extra.items()}}}
+        select_tokens.add_rules_derived(case)
+        report["rules"]["cases"].append(case)
+    summary = select_tokens.summarise(report)
+    rules = {key: value for key, value in summary.items() if key.startswith("process_logits_")}
+    assert len(rules) == 3 * 2 * 3
+    for name, us in extra.items():
+        for rows in (1, 16, 256):
+            added = rows / 16 * us
+            assert abs(rules.pop(f"process_logits_{name}_added_us_r{rows}") - added) < 1e-9
+            assert abs(rules.pop(f"process_logits_{name}_added_over_plain_r{rows}")
+                       - added / plain[rows]) < 1e-9
+    assert rules == {}
+    first = report["rules"]["cases"][0]
+    first["timings"]["bitmask"]["graph"] = {"error": "capture failed"}  # R=1 did not run
+    select_tokens.add_rules_derived(first)
+    summary = select_tokens.summarise(report)
+    assert summary["process_logits_bitmask_added_us_r1"] is None
+    assert summary["process_logits_bitmask_added_us_r16"] is not None
+
+
 def test_ops_window_summary_has_two_figures_per_op():
     report = load("ops_window")
     for op, result in report["ops"].items():

@@ -91,10 +91,48 @@ def _silu_mul_args():
     return (torch.randn(3, 2 * 7 + 2, generator=g)[:, :14],)
 
 
+def _process_logits_args():
+    g = torch.Generator().manual_seed(6)
+    rows, vocab = 6, 37
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[1, 4] = float("nan")
+    cu_rows = torch.tensor([0, 3, 3, 5], dtype=torch.int32)  # an empty sequence, row 5 past
+    row_pos = torch.tensor([10, -1, 12, 4, 5, 9])
+    output_start = torch.tensor([10, 0, 4], dtype=torch.int32)
+    temperature = torch.tensor([1.0, 0.0, 0.7])
+    min_p = torch.tensor([0.1, 0.0, 0.05])
+    min_tokens = torch.tensor([2, 0, 1], dtype=torch.int32)
+    stop_ids = torch.tensor([[3, -1], [0, 1], [7, 36]])
+    bias_ids = torch.tensor([[5, -1, 40], [1, 2, 3], [0, 36, -1]])
+    bias_values = torch.tensor([[2.0, 1.0, 1.0], [0.5, 0.5, 0.5], [-1.0, 3.0, 0.0]])
+    output_counts = torch.randint(0, 3, (3, vocab), generator=g, dtype=torch.int32)
+    prompt_mask = torch.rand(3, vocab, generator=g) < 0.3
+    presence_penalty = torch.tensor([0.5, 0.0, -1.0])
+    frequency_penalty = torch.tensor([0.25, 0.0, 1.0])
+    repetition_penalty = torch.tensor([1.3, 1.0, 0.8])
+    allowed_mask = torch.tensor([[-1, 0x0F], [-1, -1], [0x7FFFFFFF, -1]], dtype=torch.int32)
+    token_bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, 2), generator=g,
+                                  dtype=torch.int32)
+    return (logits, cu_rows, row_pos, output_start, temperature, min_p, min_tokens, stop_ids,
+            bias_ids, bias_values, output_counts, prompt_mask, presence_penalty,
+            frequency_penalty, repetition_penalty, allowed_mask, token_bitmask)
+
+
+def _process_logits_public(logits, cu_rows, row_pos, output_start, temperature, *optional):
+    """``wk.process_logits`` called with the optional arguments by keyword (the op's schema
+    takes them positionally)."""
+    names = ("min_p", "min_tokens", "stop_ids", "bias_ids", "bias_values", "output_counts",
+             "prompt_mask", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "allowed_mask", "token_bitmask")
+    return wk.process_logits(logits, cu_rows, row_pos, output_start, temperature,
+                             **dict(zip(names, optional)))
+
+
 CASES = {
     "reorder_window": (wk.reorder_window, _reorder_args),
     "rope_kv_append": (wk.rope_kv_append, _rope_args),
     "paged_attention": (wk.paged_attention, _attention_args),
+    "process_logits": (_process_logits_public, _process_logits_args),
     "select_tokens": (wk.select_tokens, _select_args),
     "commit_window": (wk.commit_window, _commit_args),
     "silu_mul": (wk.silu_mul, _silu_mul_args),

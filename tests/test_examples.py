@@ -20,9 +20,9 @@ def test_tour_decodes_both_sequences_to_their_limits(capsys):
 def test_docstring_examples_of_every_public_op_run():
     import doctest
 
-    from wedlm_kernels.ops import attention, commit, reorder, rope, select, silu_mul
+    from wedlm_kernels.ops import attention, commit, logits, reorder, rope, select, silu_mul
 
-    for module in (attention, commit, reorder, rope, select, silu_mul):
+    for module in (attention, commit, logits, reorder, rope, select, silu_mul):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0, f"{module.__name__} has no example"
         assert result.failed == 0, f"{module.__name__}: {result.failed} failing example(s)"
@@ -47,8 +47,8 @@ def test_readme_runnable_snippets_print_what_their_comments_say(capsys):
         assert printed == expected
 
 
-PUBLIC_OPS = ("commit_window", "paged_attention", "reorder_window", "rope_cache",
-              "rope_kv_append", "select_tokens", "silu_mul")
+PUBLIC_OPS = ("commit_window", "paged_attention", "process_logits", "reorder_window",
+              "rope_cache", "rope_kv_append", "select_tokens", "silu_mul")
 PUBLIC_CLASSES = ("YarnScaling",)  # an op's argument
 
 

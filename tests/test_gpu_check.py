@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 ISSUE_ORDER = [
     "probe", "select_tokens kernel tests", "select_tokens race stress",
-    "paged_attention kernel tests", "rope, reorder, commit, silu kernel tests",
+    "paged_attention kernel tests", "rope, reorder, commit, silu, process_logits kernel tests",
     "model_min cuda tests (Liger required)", "bench.select_tokens --quick",
     "bench.decode_step --quick (B 1, 16)", "bench.paged_attention --quick",
     "bench.host_time --quick", "bench.sweep peaked", "bench.sweep flat",
@@ -125,6 +125,26 @@ def test_pytest_tally_reads_the_closing_line():
     output = "....F\n=== short test summary ===\nFAILED x\n3 failed, 60 passed, 2 skipped in 9.5s\n"
     assert gpu_check.pytest_tally(output) == "3 failed, 60 passed, 2 skipped"
     assert gpu_check.pytest_tally("no tests ran in 0.01s") == ""
+
+
+def test_every_test_a_step_names_exists():
+    """A renamed test file or test would fail its step on the GPU only: caught here."""
+    for step in gpu_check.plan():
+        for word in step.command:
+            if word.startswith("tests/"):
+                file, _, test = word.partition("::")
+                assert (ROOT / file).is_file(), f"{step.name}: {file}"
+                if test:
+                    assert re.search(rf"^def {test}\(", (ROOT / file).read_text(), re.M), word
+
+
+def test_the_select_tokens_benchmark_step_runs_it_quick_with_its_rules_cases():
+    [step] = [s for s in gpu_check.plan() if "bench.select_tokens" in s.command]
+    assert step.command == ["-m", "bench.select_tokens", "--quick", "--out-dir", "{results}"]
+    from bench import select_tokens
+
+    # the quick run holds every rows the summary's process_logits figures name
+    assert set(select_tokens.RULES_SUMMARY_ROWS) <= set(select_tokens.QUICK.rows)
 
 
 def test_every_cuda_marked_test_runs_in_some_step():

@@ -55,9 +55,14 @@ print(json.dumps(results))
 #   at head size 32 and 64 spill 8 bytes. Triton 3.6 compiles all of them without a spill
 #   (make test-oldest runs this test on it).
 _WINDOW_SPILLS = {"commit_window:block_slots=32": 4, "commit_window:block_slots=256": 8}
+# - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
+#   the penalties nor a mask): ptxas keeps 40 registers and spills 8 bytes (3.6) or 12 (3.7)
+#   of the scalar loop state; the variants with more rules allocate more and spill nothing.
+_LOGIT_RULE_SPILLS = {f"process_logits:rules_bias_min_tokens_{dtype}": 8
+                      for dtype in ("fp32", "fp16", "bf16")}
 KNOWN_SPILL_BYTES = {
-    "3.6": _WINDOW_SPILLS,
-    "3.7": {**_WINDOW_SPILLS,
+    "3.6": {**_WINDOW_SPILLS, **_LOGIT_RULE_SPILLS},
+    "3.7": {**_WINDOW_SPILLS, **{name: 12 for name in _LOGIT_RULE_SPILLS},
             "select_tokens:scan_fp32_aligned16": 12, "select_tokens:scan_fp16_aligned16": 12,
             "select_tokens:scan_bf16_aligned16": 12,
             "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,

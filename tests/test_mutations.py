@@ -29,6 +29,7 @@ OP_FILES = {
     "select_tokens": "wedlm_kernels/ops/select.py",
     "commit_window": "wedlm_kernels/ops/commit.py",
     "silu_mul": "wedlm_kernels/ops/silu_mul.py",
+    "process_logits": "wedlm_kernels/ops/logits.py",
 }
 
 

@@ -76,3 +76,17 @@ def test_decode_steps_read_nothing_back(engine, forbid_host_reads):
     assert all(o.finished for o in outputs)
     # the hooks ran, on decode steps and on prefill steps
     assert forbid_host_reads["prepare_inputs"] > 5 and forbid_host_reads["sampler"] > 5
+
+
+def test_the_logit_rules_read_nothing_back(engine, forbid_host_reads):
+    """process_logits on the step's rows and the counts' update after the commit."""
+    rules = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                 min_p=0.1, min_tokens=4, logit_bias={53: 2.0},
+                 allowed_token_ids=list(range(32, 127)))
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=3, ignore_eos=True, **rules),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+              SamplingParams(n=2, max_tokens=12, temperature=0.7, seed=9, **rules)]
+    outputs = engine.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]], params,
+                              use_tqdm=False)
+    assert all(o.finished for o in outputs)
+    assert forbid_host_reads["sampler"] > 5

@@ -36,7 +36,6 @@ def process_logits(
     row_pos: torch.Tensor,
     output_start: torch.Tensor,
     temperature: torch.Tensor,
-    *,
     min_p: torch.Tensor | None = None,
     min_tokens: torch.Tensor | None = None,
     stop_ids: torch.Tensor | None = None,
@@ -250,7 +249,7 @@ def process_logits_torch(
         ids, values = bias_ids.index_select(0, owner), bias_values.index_select(0, owner)
         inside = (ids >= 0) & (ids < vocab_size)
         added = torch.full_like(x, -0.0)  # -0.0 + v = v for every v (0.0 + -0.0 is 0.0)
-        added.scatter_add_(1, ids.clamp(0, vocab_size - 1), torch.where(inside, values, 0.0))
+        added.scatter_add_(1, ids.clamp(0, vocab_size - 1), torch.where(inside, values, -0.0))
         x = torch.where(_matches(ids, vocab_size), x + added, x)
     if output_counts is not None:
         counts = output_counts.index_select(0, owner)
@@ -379,8 +378,8 @@ def _process_logits_kernel(
     first_row = tl.load(cu_rows_ptr + sequence)
     end_row = tl.load(cu_rows_ptr + sequence + 1)
     valid = in_sequences & (first_row <= row) & (row < end_row) & (position >= 0)
+    sequence = sequence.to(tl.int64)  # before the branch: a variable keeps its type in it
     if valid:
-        sequence = sequence.to(tl.int64)
         tokens = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = tokens < vocab_size
         row_ptr = logits_ptr + row * logits_row_stride + tokens
@@ -393,15 +392,15 @@ def _process_logits_kernel(
         if HAS_MIN_TOKENS:
             output_index = position - tl.load(output_start_ptr + sequence)
             if output_index < tl.load(min_tokens_ptr + sequence):
+                stops_ptr = stop_ids_ptr + sequence * num_stop_ids
                 for k in range(num_stop_ids):
-                    stop = tl.load(stop_ids_ptr + sequence * num_stop_ids + k)
-                    banned |= tokens == stop
+                    banned |= tokens == tl.load(stops_ptr + k)
         x = tl.where(banned, float("-inf"), x)
         if HAS_BIAS:
+            ids_ptr = bias_ids_ptr + sequence * num_bias
+            values_ptr = bias_values_ptr + sequence * num_bias
             for j in range(num_bias):
-                token = tl.load(bias_ids_ptr + sequence * num_bias + j)
-                value = tl.load(bias_values_ptr + sequence * num_bias + j)
-                x = tl.where(tokens == token, x + value, x)
+                x = tl.where(tokens == tl.load(ids_ptr + j), x + tl.load(values_ptr + j), x)
         if HAS_PENALTIES:
             counts = tl.load(output_counts_ptr + sequence * vocab_size + tokens, mask=inside,
                              other=0)
@@ -410,7 +409,7 @@ def _process_logits_kernel(
             appeared = counts > 0
             repetition = tl.load(repetition_ptr + sequence)
             x = tl.where(appeared | in_prompt,
-                         tl.where(x > 0, x / repetition, x * repetition), x)
+                         tl.where(x > 0, tl.math.div_rn(x, repetition), x * repetition), x)
             frequency = tl.load(frequency_ptr + sequence)
             presence = tl.load(presence_ptr + sequence)
             x = x - frequency * counts.to(tl.float32)

@@ -610,7 +610,7 @@ MUTATIONS: list[Mutation] = [
           "min_tokens=None,"),
          ('stop_ids=s.stop_ids if rules["min_tokens"] else None,', "stop_ids=None,")),
         MODEL_MIN_TESTS, "min_tokens is never applied: a stop id can end a request early",
-        keyword="rules",
+        keyword="min_tokens",
     ),
     Mutation(
         "model-min-row-buckets-too-coarse", "model_min/generator.py",
@@ -857,7 +857,7 @@ VLLM_MUTATIONS += [
           "row\n",
           "        if used[\"allowed\"]:  # every admitted request sets its slot's row\n"),),
         VLLM_RULES, "a request without allowed_token_ids inherits the bitmask its slot's "
-        "previous request left", keyword="mixes_rules",
+        "previous request left", keyword="forgets_the_rules",
     ),
 ]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}

@@ -116,6 +116,22 @@ def test_tokens_and_metrics_equal_the_reference_decoder(tiny, mode, case):
 
 
 @pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_min_tokens_holds_back_the_stop_ids_like_the_reference(tiny, mode):
+    hf, model = tiny
+    generator = Generator(model, window=4, page_size=8, max_batch=4)
+    free_run = generator.generate(PROMPTS, SamplingParams(max_new_tokens=12, threshold=2.8),
+                                  mode=mode)
+    # stop ids each request generates early (its 2nd and 3rd tokens), held back for 7
+    params = [SamplingParams(max_new_tokens=12, threshold=2.8, min_tokens=7,
+                             stop_token_ids=tuple(r.token_ids[1:3])) for r in free_run]
+    results = generator.generate(PROMPTS, params, mode=mode)
+    assert_matches_reference(hf, PROMPTS, params, results, mode, window=4)
+    for result, p in zip(results, params):
+        assert not set(result.token_ids[:7]) & set(p.stop_token_ids)
+    assert all(len(r.token_ids) >= 7 for r in results)
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
 def test_stop_tokens_end_requests_like_the_reference(tiny, mode):
     hf, model = tiny
     generator = Generator(model, window=4, page_size=8, max_batch=4)

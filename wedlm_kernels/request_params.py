@@ -259,6 +259,20 @@ def stop_token_ids(values: Any, name: str, vocab_size: int | None = None,
     if not isinstance(values, Iterable):
         raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
                                  name)
+    distinct = _distinct_ids(values, name, vocab_size)
+    if eos_ids is not None:
+        eos = set(eos_ids)
+        counted = [t for t in distinct if t not in eos]
+        if len(counted) > MAX_STOP_TOKEN_IDS:
+            raise ParameterError(f"{name} may hold at most {MAX_STOP_TOKEN_IDS} distinct token "
+                                 f"ids besides the checkpoint's eos ids, got {len(counted)}",
+                                 name)
+    return distinct
+
+
+def _distinct_ids(values: Iterable, name: str, vocab_size: int | None) -> tuple[int, ...]:
+    """``values`` (an iterable) without repeats, each an integer id in ``[0, vocab_size)``
+    (``[0, 2**63)`` while the vocabulary is not known), in their first order."""
     try:
         distinct = list(dict.fromkeys(values))
     except TypeError:  # an unhashable element: not a token id
@@ -273,13 +287,6 @@ def stop_token_ids(values: Any, name: str, vocab_size: int | None = None,
     if outside:
         bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
         raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
-    if eos_ids is not None:
-        eos = set(eos_ids)
-        counted = [t for t in distinct if t not in eos]
-        if len(counted) > MAX_STOP_TOKEN_IDS:
-            raise ParameterError(f"{name} may hold at most {MAX_STOP_TOKEN_IDS} distinct token "
-                                 f"ids besides the checkpoint's eos ids, got {len(counted)}",
-                                 name)
     return tuple(int(t) for t in distinct)
 
 
@@ -371,24 +378,11 @@ def allowed_token_ids(values: Any, name: str, vocab_size: int | None = None
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
         raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
                                  name)
-    try:
-        distinct = list(dict.fromkeys(values))
-    except TypeError:
-        raise ParameterTypeError(f"{name} must be a list of token ids, got {values!r:.80}",
-                                 name) from None
+    distinct = _distinct_ids(values, name, vocab_size)
     if not distinct:
         raise ParameterError(f"{name} must hold at least one token id (None: every token)",
                              name)
-    bad = [t for t in distinct if not is_integer(t)]
-    if bad:
-        raise ParameterTypeError(f"{name} must be a list of integer token ids, got "
-                                 f"{bad[0]!r:.80} in it", name)
-    end = INT64_MAX + 1 if vocab_size is None else vocab_size
-    outside = [int(t) for t in distinct if not 0 <= t < end]
-    if outside:
-        bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
-        raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
-    return tuple(int(t) for t in distinct)
+    return distinct
 
 
 def n(value: Any, name: str) -> int:

@@ -116,3 +116,21 @@ def test_n_with_a_seed_past_int64_for_a_child_is_refused(engine, reference):
     served, wanted = both({}, None, max_tokens=8)  # the engine still serves
     assert vllm_generate(engine, PROMPTS[:1], served) == reference_generate(
         reference, PROMPTS[:1], wanted)
+
+
+def test_a_slot_forgets_the_rules_of_its_last_request(engine, reference):
+    """A request after a ruled one takes the slot it left (vLLM's free list), beside a
+    request that uses the same rule (so the step runs it): the bitmask, bias, penalties and
+    min_tokens the earlier request stored in the slot change nothing."""
+    harsh = {"allowed_token_ids": [32], "logit_bias": {53: 50.0}, "repetition_penalty": 2.0,
+             "presence_penalty": 2.0, "min_tokens": 20}
+    mild = {"allowed_token_ids": list(range(256)), "logit_bias": {40: 0.5},
+            "repetition_penalty": 1.1, "presence_penalty": 0.1, "min_tokens": 2}
+    plain_served, plain_wanted = both({}, None)
+    for field in harsh:
+        ruled, _ = both({field: harsh[field]}, None)
+        vllm_generate(engine, PROMPTS[:1], ruled)
+        beside_served, beside_wanted = both({field: mild[field]}, None)
+        got = vllm_generate(engine, PROMPTS[:2], [plain_served, beside_served])
+        assert got == reference_generate(reference, PROMPTS[:2],
+                                         [plain_wanted, beside_wanted]), field

@@ -114,11 +114,6 @@ class SamplingParams:
         self.allowed_token_ids = rp.allowed_token_ids(self.allowed_token_ids,
                                                       name("allowed_token_ids"))
 
-    @property
-    def has_penalties(self) -> bool:
-        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
-            0.0, 0.0, 1.0)
-
 
 def parse_threshold(text: str) -> float | None:
     """A command line's entropy threshold: a number in nats, or ``none`` (one token per
@@ -423,14 +418,8 @@ class Generator:
     def _rules_of(requests: list[_Request]) -> dict[str, bool]:
         """Which logit rules some request of a generate call uses (host facts: a rule no
         request uses is not run, and its state has width 0)."""
-        params = [r.params for r in requests]
-        return {
-            "penalties": any(p.has_penalties for p in params),
-            "min_p": any(p.min_p > 0 for p in params),
-            "min_tokens": any(p.min_tokens > 0 for p in params),
-            "bias": any(p.logit_bias for p in params),
-            "allowed": any(p.allowed_token_ids is not None for p in params),
-        }
+        used = [rp.logit_rules_used(r.params) for r in requests]
+        return {rule: any(u[rule] for u in used) for rule in rp.LOGIT_RULES}
 
     def _result(self, request: _Request, tokens: list[int], forwards: int, rows: int) -> Result:
         stops = set(request.params.stop_token_ids)
@@ -669,7 +658,6 @@ class Generator:
         tokens = s.out_tokens.gather(1, index.clamp(max=s.out_tokens.shape[1] - 1))
         s.output_counts.scatter_add_(1, torch.where(committed, tokens, 0),
                                      committed.to(torch.int32))
-
 
     def _step(self, state: BatchState, mode: str | None = None,
               num_rows: int | None = None) -> None:

@@ -804,8 +804,8 @@ VLLM_MUTATIONS += [
     Mutation(
         "vllm-max-tokens-unbounded-beside-max-model-len", "wedlm_kernels/integrations/vllm/"
         "settings.py",
-        (("    request_values(engine, params, max_model_len)\n",
-          "    request_values(engine, params)\n"),),
+        (("    values = request_values(engine, params, max_model_len)\n",
+          "    values = request_values(engine, params)\n"),),
         VLLM_FUZZ, "prompt_len + max_tokens overflows vLLM's int32 max_seq_len buffer",
         keyword="every_edge_value", expect="out of bounds for int32",
     ),

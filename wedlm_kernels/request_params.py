@@ -290,6 +290,26 @@ def _distinct_ids(values: Iterable, name: str, vocab_size: int | None) -> tuple[
     return tuple(int(t) for t in distinct)
 
 
+# The groups of wedlm_kernels.process_logits a request can turn on.
+LOGIT_RULES = ("penalties", "min_p", "min_tokens", "bias", "allowed")
+
+
+def logit_rules_used(values: Any) -> dict[str, bool]:
+    """Which of :data:`LOGIT_RULES` a request's stored values turn on (duck-typed: any
+    object with the fields ``presence_penalty``, ``frequency_penalty``,
+    ``repetition_penalty``, ``min_p``, ``min_tokens``, ``logit_bias`` and
+    ``allowed_token_ids`` as this module stores them). A rule no request of a step uses is
+    not run: the front ends pass ``None`` for its group."""
+    return {
+        "penalties": (values.presence_penalty, values.frequency_penalty,
+                      values.repetition_penalty) != (0.0, 0.0, 1.0),
+        "min_p": values.min_p > 0,
+        "min_tokens": values.min_tokens > 0,
+        "bias": bool(values.logit_bias),
+        "allowed": values.allowed_token_ids is not None,
+    }
+
+
 def penalties(presence: Any, frequency: Any, repetition: Any, names: tuple[str, str, str]
               ) -> tuple[float, float, float]:
     """``(presence_penalty, frequency_penalty, repetition_penalty)`` as stored: the first two

@@ -120,11 +120,6 @@ class RequestValues:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
 
-    @property
-    def has_penalties(self) -> bool:
-        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
-            0.0, 0.0, 1.0)
-
 
 def request_values(engine: WeDLMSettings, params: Any, max_model_len: int | None = None
                    ) -> RequestValues:
@@ -163,13 +158,12 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
     vLLM's Model Runner V2 stores ``prompt_len + max_tokens`` in an int32 buffer
     (``RequestState.max_seq_len``), and a request past it stops the engine. ``eos_ids``:
     the checkpoint's (:func:`checkpoint_eos_ids`), which the stop id count leaves out."""
-    request_values(engine, params, max_model_len)
+    values = request_values(engine, params, max_model_len)
     rp.stop_token_ids(params.stop_token_ids, "stop_token_ids", vocab_size, eos_ids)
     rp.logit_bias(getattr(params, "logit_bias", None), "logit_bias", vocab_size)
     rp.allowed_token_ids(getattr(params, "allowed_token_ids", None), "allowed_token_ids",
                          vocab_size)
-    children = rp.n(getattr(params, "n", 1), "n")
-    seed = rp.seed(params.seed, "seed")
+    children, seed = rp.n(getattr(params, "n", 1), "n"), values.seed
     # vLLM gives child i of an n > 1 request the seed seed + i (parallel_sampling.py),
     # after this check: each must be an int64 too
     if seed is not None and children > 1 and seed + children - 1 > rp.INT64_MAX:

@@ -69,9 +69,9 @@ BUFFER_SOURCES = {
     "output_start": "loop", "bias_ids": "logit_bias", "bias_values": "loop",
     "output_counts": "loop", "prompt_mask": "loop", "allowed_mask": "allowed_token_ids",
 }
-# Which host-side flag of a slot turns each rule group on (the sampler passes a group to
-# process_logits only when a request of the step uses it).
-RULES = ("penalties", "min_p", "min_tokens", "bias", "allowed")
+# The host-side flag of a slot per rule group (the sampler passes a group to process_logits
+# only when a request of the step uses it).
+RULES = rp.LOGIT_RULES
 
 
 def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -373,9 +373,7 @@ class WeDLMModelState(DefaultModelState):
         first = self._layout["bias_values"][0]
         packed[first: first + len(values.logit_bias)] = [
             _float_bits(b) for _, b in values.logit_bias]
-        used = {"penalties": values.has_penalties, "min_p": values.min_p > 0,
-                "min_tokens": values.min_tokens > 0, "bias": bool(values.logit_bias),
-                "allowed": values.allowed_token_ids is not None}
+        used = rp.logit_rules_used(values)
         for rule, on in used.items():
             self._rules[rule][slot] = on
         if used["penalties"]:

@@ -20,12 +20,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Union
+from typing import Any, Union
 
 import torch
 
 import wedlm_kernels as wk
 from wedlm_kernels import request_params as rp
+from wedlm_kernels.grammar import GrammarStep, plan_window
 
 from .cache import slot_mapping_for
 from .config import is_integer
@@ -90,6 +91,10 @@ class SamplingParams:
     min_tokens: int = 0  # stop ids banned from the first min_tokens outputs
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: Sequence[int] | None = None  # None: every token
+    # Structured output: a function returning a fresh grammar (wedlm_kernels.grammar.Grammar,
+    # masks over the model's vocabulary), called once per request; every output then
+    # parses (docs/contracts.md, "Structured outputs").
+    grammar: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         def name(field: str) -> str:
@@ -113,6 +118,10 @@ class SamplingParams:
         self.logit_bias = dict(bias) if bias else None
         self.allowed_token_ids = rp.allowed_token_ids(self.allowed_token_ids,
                                                       name("allowed_token_ids"))
+        if self.grammar is not None and not callable(self.grammar):
+            raise rp.ParameterTypeError(
+                f"{name('grammar')} must be a function returning a grammar, got "
+                f"{type(self.grammar).__name__}")
 
 
 def parse_threshold(text: str) -> float | None:
@@ -141,6 +150,8 @@ class _Request:
     seed: int
     max_new: int  # params.max_new_tokens, or the positions the prompt leaves for None
     pages: list[int] = field(default_factory=list)
+    grammar: Any = None  # its structured output's grammar, at its committed tokens
+    accepted: int = 0  # committed tokens the grammar has accepted
 
 
 def row_bucket(live_rows: int, most: int) -> int:
@@ -259,6 +270,7 @@ class Generator:
         self._mode = "streaming"  # of the current generate call
         self._widths: dict[str, int] = {}  # state widths S, T, K, P, ... of the current call
         self._rules: dict[str, bool] = {}  # the logit rules the current call uses
+        self._grammars = False  # whether a request of the current call has a grammar
         self._device = model.device
         self._holding: list[_Request] = []  # admitted requests whose pages are not freed yet
 
@@ -299,6 +311,7 @@ class Generator:
             return []
         self._mode = mode
         self._rules = self._rules_of(requests)
+        self._grammars = any(r.grammar is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
             if self.graphs is not None:
@@ -393,6 +406,8 @@ class Generator:
             if seed is None:
                 seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=self.rng))
             request.seed = seed  # an int64 (SamplingParams checks a given one)
+            if request.params.grammar is not None:
+                request.grammar = request.params.grammar()
         return checked
 
     def _positions(self, request: _Request) -> int:
@@ -474,15 +489,55 @@ class Generator:
     def _run(self, state: BatchState, owners: list) -> tuple[BatchState, list]:
         """``poll_every`` decode steps. A window step reads one number back, its live-row
         count (see :meth:`_rows_for_step`); nothing else synchronises with the host."""
-        if self.graphs is None:
+        if self.graphs is None or self._grammars:
             self._owner_ids = [r.index for r in owners]
             for _ in range(self.poll_every):
-                self._step(state, num_rows=self._rows_for_step(state))
+                grammar = self._plan_grammar(state, owners) if self._grammars else None
+                self._step(state, num_rows=self._rows_for_step(state), grammar=grammar)
             return state, owners
         size = bucket_size(len(owners), self.max_batch)
         padded = state.padded(size, self.mask_token_id or 0)
         owners = owners + [None] * (size - len(owners))
         return self.graphs.run(padded, self.poll_every, self._mode, self._rows_for_step), owners
+
+    def _plan_grammar(self, state: BatchState, owners: list) -> GrammarStep | None:
+        """Walk each structured request's window with its grammar before a step
+        (wedlm_kernels.grammar): its grammar first accepts the tokens committed since the
+        last walk. Reads the batch's window and outputs back (one transfer a step: a grammar
+        runs on the host)."""
+        constrained = [i for i, r in enumerate(owners) if r is not None and r.grammar]
+        if not constrained:
+            return None
+        slots = state.win_tokens.shape[1]
+        host = torch.cat([
+            state.out_len[:, None].long(), state.win_len[:, None].long(),
+            state.finished[:, None].long(), torch.where(state.win_mask, -1, state.win_tokens),
+            state.out_tokens.long()], dim=1).cpu().numpy()
+        ar = self._mode == "ar"
+        rows_each = 1 if ar else slots
+        words = rp.bitmask_words(self.model.config.vocab_size)
+        bitmask = torch.full((len(constrained) * rows_each, words), -1, dtype=torch.int32)
+        batch = len(owners)
+        windows: list[list[int] | None] = [None] * batch
+        decided, first_rows = [0] * batch, [0] * batch
+        for order, i in enumerate(constrained):
+            request = owners[i]
+            out_len, win_len, finished = (int(v) for v in host[i, :3])
+            new = host[i, 3 + slots + request.accepted: 3 + slots + out_len].tolist()
+            if new and not request.grammar.accept_tokens(str(request.index), new):
+                raise RuntimeError(f"request {request.index}: its grammar rejected the "
+                                   f"committed tokens {new}")  # the rule makes this a bug
+            request.accepted = out_len
+            if finished:
+                continue
+            windows[i] = [-1] if ar else host[i, 3: 3 + min(win_len, slots)].tolist()
+            first_rows[i] = order * rows_each
+            decided[i] = plan_window(request.grammar, windows[i], bitmask, first_rows[i],
+                                     str(request.index))
+        # logit rows: AR one per sequence; a window step W per sequence, its masks in order
+        base = list(range(batch)) if ar else [i * self.window for i in range(batch)]
+        return GrammarStep.build(windows, decided, first_rows, base, bitmask.numpy(),
+                                 self._device)
 
     def _rows_for_step(self, state: BatchState) -> int | None:
         """The packed rows of the next window step: its live-row count, the one value a step
@@ -584,7 +639,8 @@ class Generator:
         if ar:
             # The one prefill that computes logits: the last prompt row predicts position L.
             live = torch.ones(count, dtype=torch.bool, device=device)
-            self._ar_commit(state, self.model.logits(last_hidden), live)
+            grammar = self._plan_grammar(state, requests) if self._grammars else None
+            self._ar_commit(state, self.model.logits(last_hidden), live, grammar)
         return state
 
     def _admit_rules(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
@@ -660,16 +716,19 @@ class Generator:
                                      committed.to(torch.int32))
 
     def _step(self, state: BatchState, mode: str | None = None,
-              num_rows: int | None = None) -> None:
+              num_rows: int | None = None, grammar: GrammarStep | None = None) -> None:
         """One decode step of the whole batch, in place, without host synchronisation;
-        ``num_rows``: the packed rows of a window step (at least its live rows)."""
+        ``num_rows``: the packed rows of a window step (at least its live rows);
+        ``grammar``: the structured requests' walks (:meth:`_plan_grammar`)."""
         mode = mode or self._mode
         if mode == "ar":
-            self._ar_step(state)
+            self._ar_step(state, grammar)
         else:
-            self._window_step(state, blockwise=mode == "blockwise", num_rows=num_rows)
+            self._window_step(state, blockwise=mode == "blockwise", num_rows=num_rows,
+                              grammar=grammar)
 
-    def _window_step(self, s: BatchState, blockwise: bool, num_rows: int) -> None:
+    def _window_step(self, s: BatchState, blockwise: bool, num_rows: int,
+                     grammar: GrammarStep | None = None) -> None:
         model, window = self.model, self.window
         batch = s.size
         if num_rows == 0:  # every window is empty: no sequence is live
@@ -694,11 +753,18 @@ class Generator:
         row_pos = torch.where(is_mask_row.reshape(-1), positions.index_select(0, mask_row), -1)
         cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
                                device=self._device)
+        if grammar is not None:
+            row_pos = grammar.mask_logits(logits, row_pos)
         self._apply_rules(s, logits, cu_rows, row_pos)
+        if grammar is not None:
+            grammar.restore_dead_rows(logits)
         token, selected, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p, s.threshold,
             s.penalty, s.seed,
         )
+        if grammar is not None:
+            grammar.force_selected(selected)
+            grammar.remask(s.win_tokens, s.win_mask, self.mask_token_id)
         if self.trace is not None and self.graphs is None:
             self.trace.append(self._snapshot(s, row_pos, logits))
         live = (s.win_len > 0) & ~s.finished
@@ -719,7 +785,7 @@ class Generator:
                       logits=logits.detach().clone())
         return record
 
-    def _ar_step(self, s: BatchState) -> None:
+    def _ar_step(self, s: BatchState, grammar: GrammarStep | None = None) -> None:
         """Feed each sequence's last token (position ``L - 1``), one packed row each; its
         logits predict position ``L``. Finished sequences feed a row that writes no K/V and
         whose logits are ignored (the host drops them at the next poll)."""
@@ -734,15 +800,20 @@ class Generator:
             last_token, last_position, slot_mapping, s.block_table, query_start,
             last_position.to(torch.int32), self.cache,
         )
-        self._ar_commit(s, self.model.logits(hidden), live)
+        self._ar_commit(s, self.model.logits(hidden), live, grammar)
 
-    def _ar_commit(self, s: BatchState, logits: torch.Tensor, live: torch.Tensor) -> None:
+    def _ar_commit(self, s: BatchState, logits: torch.Tensor, live: torch.Tensor,
+                   grammar: GrammarStep | None = None) -> None:
         """Sample position ``L`` like a select_tokens row (threshold -inf) and append it
         under the stop and length rules."""
         batch = s.size
         row_pos = torch.where(live, s.ctx_len.long(), -1)
         cu_rows = torch.arange(batch + 1, dtype=torch.int32, device=self._device)
+        if grammar is not None:
+            grammar.mask_logits(logits, row_pos)
         self._apply_rules(s, logits, cu_rows, row_pos)
+        if grammar is not None:
+            grammar.restore_dead_rows(logits)
         token, _, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
             torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,

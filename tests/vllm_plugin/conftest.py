@@ -97,9 +97,13 @@ class Engines:
     def start(model: Path, **overrides):
         from vllm import LLM
 
+        # (JSON without free whitespace: the tiny model, given the choice, writes spaces
+        # until max_tokens; test_vllm_structured.py)
         options = dict(dtype="float32", enforce_eager=True, max_model_len=256,
                        max_num_seqs=4, max_num_batched_tokens=64, block_size=32, seed=0,
-                       additional_config={"wedlm": {"window": WINDOW}})
+                       additional_config={"wedlm": {"window": WINDOW}},
+                       structured_outputs_config={"backend": "xgrammar",
+                                                  "disable_any_whitespace": True})
         options.update(overrides)
         return LLM(str(model), **options)
 

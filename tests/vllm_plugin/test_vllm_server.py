@@ -50,6 +50,11 @@ def server(wedlm_checkpoint, tmp_path_factory):
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--block-size", "32",
         "--served-model-name", "tiny-wedlm",
         "--additional-config", json.dumps({"wedlm": {"window": WINDOW}}),
+        # JSON without free whitespace (the tiny model, given the choice, writes spaces)
+        "--structured-outputs-config", json.dumps({"backend": "xgrammar",
+                                                   "disable_any_whitespace": True}),
+        # tool_choice="required" asks for a parser (vLLM decodes those calls as JSON)
+        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
     ]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
     with open(log, "w") as output:
@@ -162,18 +167,99 @@ def test_the_openai_sdks_sampling_fields_decode_model_mins_text(client):
                      for i in range(2)}
 
 
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0,
+                                               "maximum": 99},
+                                         "label": {"enum": ["a", "b"]}},
+         "required": ["x", "label"], "additionalProperties": False}
+
+
+def reference_structured(prompt: str, max_new_tokens: int, kind: str, spec) -> tuple[str, int]:
+    """model_min's text and forwards under the grammar vLLM's xgrammar backend compiles
+    for the server's settings (built here: the engine core is another process)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    config = SimpleNamespace(model_config=None, speculative_config=None,
+                             structured_outputs_config=SimpleNamespace(
+                                 disable_any_whitespace=True))
+    model = model_min.load_model(TINY)
+    backend = XgrammarBackend(config, tokenizer=AutoTokenizer.from_pretrained(TINY),
+                              vocab_size=model.config.vocab_size)
+    grammar = lambda: backend.compile_grammar(  # noqa: E731
+        getattr(StructuredOutputOptions, kind), spec, stop_token_ids=set(EOS))
+    generator = model_min.Generator(model, window=WINDOW, tokenizer=model_min.load_tokenizer(TINY))
+    result = generator.generate(prompt, model_min.SamplingParams(
+        max_new_tokens=max_new_tokens, stop_token_ids=EOS, grammar=grammar))[0]
+    return result.text.removesuffix("<|endoftext|>"), result.forwards
+
+
+def test_response_format_json_schema_returns_model_mins_valid_json(client):
+    """An OpenAI client's ``response_format`` with a JSON schema: valid JSON, model_min's
+    text under the same grammar, in fewer forwards than tokens."""
+    response = client.chat.completions.create(
+        model="tiny-wedlm", messages=[{"role": "user", "content": "a point, please"}],
+        max_tokens=40, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "point", "schema": POINT}})
+    content = response.choices[0].message.content
+    assert response.choices[0].finish_reason == "stop", content
+    point = json.loads(content)
+    assert set(point) == {"x", "label"} and isinstance(point["x"], int)
+    assert point["label"] in ("a", "b")
+    want, forwards = reference_structured("<user>a point, please\n<assistant>", 40, "JSON",
+                                          json.dumps(POINT))
+    assert content == want
+    assert forwards < response.usage.completion_tokens
+
+
+def test_a_required_tool_call_returns_arguments_that_fit_the_tool(client):
+    """``tool_choice="required"`` and a named function (what agents send): vLLM turns the
+    tools into a JSON schema of calls, which WeDLM decodes; each call names a tool and its
+    arguments fit it."""
+    tools = [{"type": "function", "function": {"name": "move", "parameters": POINT}},
+             {"type": "function", "function": {
+                 "name": "stop", "parameters": {"type": "object", "properties": {}}}}]
+    for choice in ("required", {"type": "function", "function": {"name": "move"}}):
+        response = client.chat.completions.create(
+            model="tiny-wedlm", messages=[{"role": "user", "content": "go"}],
+            max_tokens=120, temperature=0, tools=tools, tool_choice=choice,
+            parallel_tool_calls=False)
+        calls = response.choices[0].message.tool_calls
+        assert calls and response.choices[0].finish_reason in ("stop", "tool_calls"), (
+            response.choices[0])
+        for call in calls:
+            arguments = json.loads(call.function.arguments)
+            assert call.function.name in ("move", "stop")
+            if call.function.name == "move":
+                assert set(arguments) == {"x", "label"} and 0 <= arguments["x"] <= 99
+        if choice != "required":
+            assert [call.function.name for call in calls] == ["move"]
+
+
+def test_structured_outputs_over_completions_regex_and_choice(client):
+    """vLLM's own ``structured_outputs`` field (extra_body) on completions."""
+    prompt = "def add(a, b):\n    return"
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=20, temperature=0,
+        extra_body={"structured_outputs": {"regex": "[0-9]{2}-[a-z]{3}"}})
+    assert response.choices[0].text == reference_structured(prompt, 20, "REGEX",
+                                                            "[0-9]{2}-[a-z]{3}")[0]
+    assert len(response.choices[0].text) == 6
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=20, temperature=0.7, seed=3,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}})
+    assert response.choices[0].text in ("yes", "no", "maybe")
+
+
 def test_an_unsupported_parameter_is_a_400_naming_it(client):
     from openai import BadRequestError
 
     with pytest.raises(BadRequestError, match="bad_words"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
                                   extra_body={"bad_words": ["ab"]})
-    with pytest.raises(BadRequestError, match="response_format|structured"):
-        client.chat.completions.create(
-            model="tiny-wedlm", messages=[{"role": "user", "content": "x"}], max_tokens=4,
-            response_format={"type": "json_schema", "json_schema": {
-                "name": "point", "schema": {"type": "object", "properties": {
-                    "x": {"type": "integer"}}, "required": ["x"]}}})
     with pytest.raises(BadRequestError, match="logprobs"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4, logprobs=2)
     # the server still serves

@@ -87,10 +87,32 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         scheduler = vllm_config.scheduler_config
         if scheduler.scheduler_cls is None:  # else the one asked for, as vLLM does
             scheduler.scheduler_cls = SCHEDULER
+        hf_config.wedlm_structured_refusal = _structured_refusal(vllm_config)
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "
                              f"({scheduler.max_num_batched_tokens}) must hold one request's "
                              f"canvas of 2 * window = {canvas} rows")
+
+
+def _structured_refusal(vllm_config) -> str | None:
+    """Why this engine cannot serve structured outputs, or None (the request check reads
+    it, in the frontend process)."""
+    import vllm
+
+    from .live_canvas import PATCHED_VERSIONS, is_patched_version
+
+    if not is_patched_version(vllm.__version__):
+        return (f"WeDLM's structured outputs were written for vLLM {list(PATCHED_VERSIONS)}, "
+                f"this is vLLM {vllm.__version__}")
+    if vllm_config.scheduler_config.scheduler_cls != SCHEDULER:
+        return ("WeDLM's structured outputs need the plugin's scheduler, and this engine "
+                f"runs {vllm_config.scheduler_config.scheduler_cls!r}")
+    outputs = vllm_config.structured_outputs_config
+    if getattr(outputs, "reasoning_parser", None) and not getattr(
+            outputs, "enable_in_reasoning", False):
+        return ("this engine has a reasoning parser, whose grammar starts after the "
+                "reasoning; WeDLM's window walk does not track where reasoning ends yet")
+    return None
 
 
 def _verify(self: SamplingParams, model_config, *args, **kwargs) -> None:
@@ -112,9 +134,31 @@ def _validate_diffusion(self: SamplingParams, model_config) -> None:
     return None
 
 
+def _validate_structured_outputs(self: SamplingParams, model_config, *args, **kwargs
+                                 ) -> None:
+    """Replaces SamplingParams._validate_structured_outputs: for WeDLM models vLLM's checks
+    without its refusal of every diffusion model (the plugin serves WeDLM's grammar
+    requests, docs/vllm.md "Structured outputs"; it is the only use vLLM's check makes of
+    ``model_config``)."""
+    if is_wedlm(model_config):
+        model_config = _NOT_DIFFUSION
+    return _vllm_validate_structured_outputs(self, model_config, *args, **kwargs)
+
+
+class _NotDiffusion:
+    is_diffusion = False
+
+
+_NOT_DIFFUSION = _NotDiffusion()
+
+
 def _validate_request(self: SamplingParams, model_config) -> None:
     """The plugin's check of a request to a WeDLM model (from :func:`_verify`)."""
     refused = unsupported_parameters(self)
+    if not refused and self.structured_outputs is not None:
+        why = getattr(model_config.hf_config, "wedlm_structured_refusal", None)
+        if why:
+            refused = [("structured_outputs", why)]
     if refused:
         name, why = refused[0]
         raise VLLMValidationError(f"{name} is not supported by WeDLM decoding: {why}",
@@ -133,6 +177,7 @@ def _validate_request(self: SamplingParams, model_config) -> None:
 
 
 _vllm_validate_diffusion = SamplingParams._validate_diffusion
+_vllm_validate_structured_outputs = SamplingParams._validate_structured_outputs
 _vllm_verify = SamplingParams.verify
 _ENCODER, _DECODER = MsgpackEncoder(), MsgpackDecoder(SamplingParams)
 
@@ -198,5 +243,6 @@ def register_all() -> None:
     _CONFIG_REGISTRY["wedlm"] = WeDLMConfig
     MODELS_CONFIG_MAP[ARCHITECTURE] = WeDLMConfigHook
     SamplingParams._validate_diffusion = _validate_diffusion
+    SamplingParams._validate_structured_outputs = _validate_structured_outputs
     SamplingParams.verify = _verify
     BaseRenderer.validate_token_ids = _validate_prompt_ids

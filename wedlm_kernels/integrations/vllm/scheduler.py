@@ -31,13 +31,19 @@ from vllm.v1.core.sched.diffusion_scheduler import (
 )
 
 from .live_canvas import PATCHED_VERSIONS, is_patched_version
+from .structured import StructuredWindows
 
 logger = init_logger(__name__)
 
 
-class WeDLMAsyncScheduler(DiffusionAsyncScheduler):
-    """``DiffusionAsyncScheduler``, but a request that the length bound would cut while a
-    step of it is in flight waits for that step (module docstring)."""
+class WeDLMScheduler(StructuredWindows, DiffusionScheduler):
+    """``DiffusionScheduler`` with WeDLM's structured outputs (:mod:`.structured`)."""
+
+
+class WeDLMAsyncScheduler(StructuredWindows, DiffusionAsyncScheduler):
+    """``DiffusionAsyncScheduler`` with WeDLM's structured outputs (:mod:`.structured`),
+    and a request that the length bound would cut while a step of it is in flight waits
+    for that step (module docstring)."""
 
     def schedule(self, throttle_prefills: bool = False) -> Any:
         for request in self.running:
@@ -58,13 +64,16 @@ class WeDLMAsyncScheduler(DiffusionAsyncScheduler):
 
 
 def make_scheduler(*args: Any, **kwargs: Any) -> DiffusionScheduler:
-    """vLLM's ``DiffusionScheduler`` under synchronous scheduling; under asynchronous
-    scheduling :class:`WeDLMAsyncScheduler` on the vLLM releases it was written for, else
-    vLLM's ``DiffusionAsyncScheduler`` with a warning. Takes the scheduler's arguments."""
+    """On the vLLM releases the plugin was written for, :class:`WeDLMScheduler` under
+    synchronous scheduling and :class:`WeDLMAsyncScheduler` under asynchronous scheduling;
+    on others vLLM's ``DiffusionScheduler`` or ``DiffusionAsyncScheduler`` (with a warning
+    for the latter; the request check refuses structured outputs there). Takes the
+    scheduler's arguments."""
     vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    patched = is_patched_version(vllm.__version__)
     if not vllm_config.scheduler_config.async_scheduling:
-        return DiffusionScheduler(*args, **kwargs)
-    if not is_patched_version(vllm.__version__):
+        return (WeDLMScheduler if patched else DiffusionScheduler)(*args, **kwargs)
+    if not patched:
         logger.warning(
             "WeDLM: the asynchronous scheduling rule was written for vLLM %s, this is vLLM "
             "%s: running vLLM's DiffusionAsyncScheduler, which may cut a window in the last "

@@ -214,8 +214,6 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
     check("bad_words", bool(getattr(params, "bad_words", None)),
           "no bad_words yet (a word of several tokens needs each window slot's left "
           "context; docs/vllm.md)")
-    check("structured_outputs", getattr(params, "structured_outputs", None) is not None,
-          "no structured outputs yet (docs/vllm.md)")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

@@ -34,6 +34,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
 from wedlm_kernels import request_params as rp
+from wedlm_kernels.grammar import GrammarStep
 from wedlm_kernels.request_params import (
     FLOAT32_MAX,
     INT32_MAX,
@@ -43,7 +44,7 @@ from wedlm_kernels.request_params import (
     MAX_STOP_TOKEN_IDS,
 )
 
-from . import live_canvas
+from . import live_canvas, structured
 from .settings import engine_settings, request_values, stop_ids_of
 
 logger = init_logger(__name__)
@@ -177,6 +178,19 @@ class WeDLMModelState(DefaultModelState):
         elif self.settings.canvas == "live":
             logger.info("WeDLM: asynchronous scheduling is on, so each decode step feeds "
                         "the fixed canvas of %d rows per request (docs/vllm.md)", width)
+        # Structured outputs: the windows of structured requests reach the scheduler
+        # through next_canvas (the same patch, with either canvas), and their grammar rows
+        # reach this state's sampler (structured.install); vLLM releases the patches were
+        # not written for refuse structured outputs in the request check.
+        self._structured = np.zeros(slots, dtype=bool)  # a host fact per slot
+        self._grammar: tuple[list[str], np.ndarray] | None = None  # the step's rows
+        if live_canvas.is_patched_version(vllm.__version__):
+            if not self.live_canvas:
+                try:
+                    live_canvas.install()
+                except live_canvas.LiveCanvasError as error:
+                    logger.warning("WeDLM: %s; structured outputs cannot be served", error)
+            structured.register(self)
 
         def buffer(columns, dtype):
             return torch.zeros((slots, columns), dtype=dtype, device=device)
@@ -241,6 +255,9 @@ class WeDLMModelState(DefaultModelState):
         self._host_int32 = torch.zeros((2, slots, self._int32.shape[1]), dtype=torch.int32,
                                        pin_memory=pin)
         self._host_views = self._host_int32.numpy()
+        # and, while a structured request runs, the windows (a filled slot's token, -1 for
+        # a mask), which next_canvas reports and the sampler maps grammar rows by
+        self._host_window = torch.zeros((2, slots, width), dtype=torch.int64, pin_memory=pin)
         self._host_events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._host_turn = 0  # the buffer the next sampler call copies into
         # A correct step fills a mask whenever the window holds one and commits the
@@ -320,6 +337,7 @@ class WeDLMModelState(DefaultModelState):
         self._slot_of[request_id] = slot
         self._request_of[slot] = request_id
         self._block_window[slot] = settings.window if settings.mode == "blockwise" else 0
+        self._structured[slot] = getattr(params, "structured_outputs", None) is not None
         win_len = min(settings.window, remaining)
         saved_row = -1
         # A request vLLM removed before (preempted, with or without committed tokens)
@@ -429,6 +447,7 @@ class WeDLMModelState(DefaultModelState):
         if slot is None:
             return
         self._request_of[slot] = ""
+        self._structured[slot] = False
         row = self._next_saved_row
         while row in self._reserved_rows:  # a resume of this step has yet to read it
             row = (row + 1) % len(self._saved_owner)
@@ -521,23 +540,80 @@ class WeDLMModelState(DefaultModelState):
     def next_canvas(self, drafts):
         """The draft token lists vLLM sizes each request's next canvas by (called through
         live_canvas's patch after a step's output is on the host): with the live canvas,
-        ``[-1] * n`` with ``n`` the live slots its window holds now (``win_len``, which the
+        ``n`` entries with ``n`` the live slots its window holds now (``win_len``, which the
         step's sampler copied to the host with the output), at least 1 (a request the
-        device finished is finished on the host too, and vLLM skips it)."""
-        if not self.live_canvas:
+        device finished is finished on the host too, and vLLM skips it); with the fixed
+        canvas, as many as vLLM's list. The entries are ``-1``, except for a structured
+        request: its window (a filled slot's token, ``-1`` for a mask), which the scheduler
+        walks with the request's grammar (:mod:`.structured`)."""
+        structured = bool(self._structured.any())
+        if not self.live_canvas and not structured:
             return drafts
         latest = 1 - self._host_turn
         if self._host_events[latest] is not None:
             self._host_events[latest].synchronize()  # before the step's output copy: landed
         counts = self._host_views[latest, :, 0]
+        windows = self._host_window[latest].numpy()
         lists = []
         for request_id, tokens in zip(drafts.req_ids, drafts.draft_token_ids):
             slot = self._slot_of.get(request_id)
             if slot is None:
                 lists.append(tokens)
+                continue
+            rows = min(len(tokens), max(1, int(counts[slot]))) if self.live_canvas else len(
+                tokens)
+            if self._structured[slot]:
+                live = min(int(counts[slot]), rows)
+                lists.append(windows[slot, :live].tolist() + [-1] * (rows - live))
             else:
-                lists.append([-1] * min(len(tokens), max(1, int(counts[slot]))))
+                lists.append([-1] * rows)
         return type(drafts)(drafts.req_ids, lists)
+
+    def owns_batch(self, input_batch) -> bool:
+        """Whether ``input_batch`` is the batch this state prepared for the step now being
+        sampled (structured.install routes its grammar rows here)."""
+        return self._step is not None and self._step.get("batch") is input_batch
+
+    def take_grammar(self, req_ids: list[str], bitmask: np.ndarray) -> None:
+        """The step's grammar rows (scheduler: structured.StructuredWindows), for the
+        sampler."""
+        self._grammar = (req_ids, bitmask)
+
+    def grammar_step(self, input_batch) -> tuple[GrammarStep | None, list[int]]:
+        """The step's structured requests (:mod:`wedlm_kernels.grammar`): what the sampler
+        does for them, and the batch indices of requests held this step (their fed window
+        is not the one the scheduler walked: they commit nothing and are walked again)."""
+        taken, self._grammar = self._grammar, None
+        if taken is None:
+            return None, []
+        req_ids, bitmask = taken
+        num_reqs, width = input_batch.num_reqs, self.settings.canvas_length
+        index_of = {req_id: i for i, req_id in enumerate(input_batch.req_ids[:num_reqs])}
+        cu_logits = input_batch.cu_num_logits_np[: num_reqs + 1]
+        latest = 1 - self._host_turn  # the copy of the previous sampler call: the fed window
+        if self._host_events[latest] is not None:
+            self._host_events[latest].synchronize()  # its output was taken: landed
+        counts, windows = self._host_views[latest, :, 0], self._host_window[latest].numpy()
+        batch_rows = [int(cu_logits[index_of[r] + 1] - cu_logits[index_of[r]]) for r in req_ids]
+        meta = bitmask[sum(batch_rows):]
+        fed: list[list[int] | None] = [None] * num_reqs
+        decided, first_rows, mask_row_base = [0] * num_reqs, [0] * num_reqs, [0] * num_reqs
+        held, first_row = [], 0
+        for i, (req_id, rows) in enumerate(zip(req_ids, batch_rows)):
+            b = index_of[req_id]
+            slot = int(input_batch.idx_mapping_np[b])
+            walked, key = structured.unpack_decided(int(meta[i, 0]), width)
+            live = min(int(counts[slot]), rows, width)
+            window = windows[slot, :live].tolist()
+            if structured.window_key(window + [-1] * (rows - live)) != key:
+                held.append(b)
+            else:
+                fed[b], decided[b], first_rows[b] = window, walked, first_row
+                mask_row_base[b] = int(cu_logits[b]) + sum(t >= 0 for t in window)
+            first_row += rows
+        step = GrammarStep.build(fed, decided, first_rows, mask_row_base, bitmask,
+                                 self.device)
+        return step, held
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         self._check_progress()
@@ -596,7 +672,8 @@ class WeDLMModelState(DefaultModelState):
             is_mask_row, positions[(packed_start[logit_owner] + k).clamp(0, num_tokens - 1)], -1)
 
         self.row_counts += torch.stack([canvas_rows.sum(), live_len.sum().long()])
-        self._step = {"slots": slots, "live_len": live_len, "row_pos": row_pos,
+        self._step = {"batch": input_batch, "slots": slots, "live_len": live_len,
+                      "row_pos": row_pos,
                       "query_len": (query_start[1:] - query_start[:-1]).to(torch.int32),
                       "num_logits": num_logits.to(torch.int32),
                       "slots_np": input_batch.idx_mapping_np[:num_reqs]}
@@ -608,6 +685,9 @@ class WeDLMModelState(DefaultModelState):
         turn = self._host_turn
         self._host_turn = 1 - turn
         self._host_int32[turn].copy_(self._int32, non_blocking=True)
+        if self._structured.any():
+            self._host_window[turn].copy_(torch.where(self.win_mask, -1, self.win_tokens),
+                                          non_blocking=True)
         if self._host_events[turn] is not None:
             self._host_events[turn].record()
 
@@ -726,8 +806,14 @@ class WeDLMSampler:
             return SamplerOutput(sampled_token_ids=self._no_tokens[:num_reqs, :1],
                                  logprobs_tensors=None, num_nans=None, num_sampled=zeros,
                                  num_rejected=zeros.clone())
+        # the structured requests' grammar rows (before state._step is cleared: it names
+        # the batch they belong to)
+        grammar, held = state.grammar_step(input_batch)
         state._step = None
-        slots, live_len = step["slots"], step["live_len"]
+        slots, live_len, row_pos = step["slots"], step["live_len"], step["row_pos"]
+        if held:  # not touched this step (commit_window skips a window of 0 live slots)
+            live_len = live_len.index_fill(
+                0, torch.tensor(held, device=live_len.device), 0)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
             return buffer.index_select(0, slots)
@@ -735,13 +821,20 @@ class WeDLMSampler:
         cu_rows = input_batch.cu_num_logits[: num_reqs + 1]
         # the requests' logit rules, the groups some request of the step uses (host facts)
         rules = {rule: bool(state._rules[rule][step["slots_np"]].any()) for rule in RULES}
+        if grammar is not None:  # the grammar's masks first, as vLLM applies them
+            row_pos = grammar.mask_logits(logits, row_pos)
         if any(rules.values()):
-            self._apply_rules(logits, cu_rows, step["row_pos"], slots, rules)
+            self._apply_rules(logits, cu_rows, row_pos, slots, rules)
+        if grammar is not None:
+            grammar.restore_dead_rows(logits)
         token, selected, _ = wk.select_tokens(
-            logits, cu_rows, step["row_pos"], take(state.temperature), take(state.top_k),
+            logits, cu_rows, row_pos, take(state.temperature), take(state.top_k),
             take(state.top_p), take(state.threshold), take(state.penalty), take(state.seed),
         )
         win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)
+        if grammar is not None:  # every decided slot filled; rejected ones masked again
+            grammar.force_selected(selected)
+            grammar.remask(win_tokens, win_mask, state.mask_token_id)
         ctx_len, finished = take(state.ctx_len), take(state.finished)
         max_new, stop_ids = take(state.max_new), take(state.stop_ids)
         width = state.settings.canvas_length
@@ -755,7 +848,7 @@ class WeDLMSampler:
         out_len = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
         block_window = take(state.block_window)
         new_len = torch.where(block_window > 0, 0, live_len).to(torch.int32)
-        wk.commit_window(win_tokens, win_mask, new_len, ctx_len, cu_rows, step["row_pos"],
+        wk.commit_window(win_tokens, win_mask, new_len, ctx_len, cu_rows, row_pos,
                          token, selected, out_tokens, out_len, finished, stop_ids, max_new,
                          state.window, state.mask_token_id, False)
         # Block-wise requests, one call per block size in the batch (host-side facts).
@@ -764,7 +857,7 @@ class WeDLMSampler:
             group = block_window == window
             group_len = torch.where(group, live_len, 0).to(torch.int32)
             wk.commit_window(win_tokens, win_mask, group_len, ctx_len, cu_rows,
-                             step["row_pos"], token, selected, out_tokens, out_len, finished,
+                             row_pos, token, selected, out_tokens, out_len, finished,
                              stop_ids, max_new, int(window), state.mask_token_id, True)
             new_len = torch.where(group, group_len, new_len)
 

@@ -1,0 +1,235 @@
+"""Structured outputs on a WeDLM window: which slots a grammar decides, under which token
+masks, and what a decode step does with them (docs/contracts.md, "Structured outputs").
+
+A grammar accepts tokens left to right; a WeDLM step fills mask slots anywhere in its
+window and commits, one step later, the leading run of filled slots. The rule that makes
+the two meet and keeps every committed prefix inside the grammar:
+
+1. Before a step, the host walks the window the step is fed, slot by slot in logical
+   order, from the grammar's state after the committed tokens (:func:`plan_window`):
+
+   - a filled slot the grammar accepts advances the grammar, and the walk goes on;
+   - a mask slot gets the grammar's token mask at that state; if the mask allows exactly
+     one token (a *forced* token) the walk advances with it and goes on, otherwise the walk
+     stops after this slot;
+   - a filled slot the grammar rejects stops the walk; the step turns it back into a mask;
+   - once the grammar has terminated (its end accepted), the remaining slots are not
+     constrained (vLLM ignores tokens after termination too).
+
+   The slots walked are the *decided* slots; the walk is undone afterwards (the grammar
+   stays at the committed tokens).
+2. The step samples every decided mask slot under its mask and fills them all, whatever
+   the entropy rule would select; an undecided mask is not sampled. So every filled slot
+   holds a token the grammar accepted at its place, and the leading run that
+   ``commit_window`` commits is always a prefix the grammar accepts. Each step commits what
+   the previous one decided: one token, plus the forced tokens after it.
+
+The grammar is any object with vLLM's ``StructuredOutputGrammar`` methods
+(:class:`Grammar`); masks use xgrammar's layout (bit ``v % 32`` of int32 word ``v // 32``
+set iff token ``v`` is allowed), the layout :func:`wedlm_kernels.process_logits` reads.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .ops.logits import process_logits
+
+ALL_ALLOWED = -1  # an int32 word with every bit set
+
+
+class Grammar(Protocol):
+    """What :func:`plan_window` needs of a grammar (vLLM's ``StructuredOutputGrammar``)."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool: ...
+
+    def rollback(self, num_tokens: int) -> None: ...
+
+    def fill_bitmask(self, bitmask: torch.Tensor, index: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+def token_allowed(row: np.ndarray, token: int) -> bool:
+    """Whether the mask ``row`` (int32 words) allows ``token``."""
+    word = token >> 5
+    return 0 <= token and word < row.shape[0] and bool((int(row[word]) >> (token & 31)) & 1)
+
+
+def only_token(row: np.ndarray) -> int | None:
+    """The token the mask ``row`` allows, if it allows exactly one; else None."""
+    words = row.view(np.uint32)
+    counts = np.bitwise_count(words)
+    if int(counts.sum()) != 1:
+        return None
+    word = int(np.flatnonzero(counts)[0])
+    return word * 32 + int(words[word]).bit_length() - 1
+
+
+def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
+                first_row: int, request_id: str = "") -> int:
+    """Walk one window (rule 1 of the module docstring) and return its decided slots.
+
+    Parameters
+    ----------
+    grammar : Grammar
+        At the state after the request's committed tokens; left there on return.
+    window : Sequence[int]
+        The slots the step is fed, in logical order: a filled slot's token, ``-1`` for a
+        mask.
+    bitmask : torch.Tensor
+        ``[N, words]`` int32 on the CPU. Row ``first_row + s`` receives slot ``s``'s mask:
+        the grammar's for a decided slot, all ones for the others.
+    first_row : int
+        The row of slot 0.
+
+    Returns
+    -------
+    int
+        ``decided``: slots ``0 .. decided - 1`` are decided.
+
+    Example: with a grammar for the string ``"ab"`` over byte tokens, an empty window of
+    three masks decides all three (``a``, ``b`` and the end are forced)::
+
+        decided = plan_window(grammar, [-1, -1, -1], bitmask, 0)   # 3
+    """
+    rows = bitmask.numpy()
+    decided = unconstrained_from = len(window)
+    advanced = 0
+    try:
+        for slot, token in enumerate(window):
+            row = first_row + slot
+            if grammar.is_terminated():  # the rest is decided and not constrained
+                unconstrained_from = slot
+                break
+            grammar.fill_bitmask(bitmask, row)
+            if token >= 0:  # a filled slot
+                if token_allowed(rows[row], token) and grammar.accept_tokens(
+                        request_id, [token]):
+                    advanced += 1
+                    continue
+                decided = unconstrained_from = slot + 1  # rejected: masked again
+                break
+            forced = only_token(rows[row])
+            if forced is None or not grammar.accept_tokens(request_id, [forced]):
+                decided = unconstrained_from = slot + 1
+                break
+            advanced += 1
+        rows[first_row + unconstrained_from: first_row + len(window)] = ALL_ALLOWED
+    finally:
+        if advanced:
+            grammar.rollback(advanced)
+    return decided
+
+
+@dataclass
+class GrammarStep:
+    """What a decode step does for its grammar-constrained sequences (rule 2), as device
+    index tensors built on the host by :meth:`build`.
+
+    ``sampled_rows`` [n] int64: logit rows of decided mask slots; ``masks`` [n, words]
+    int32: their token masks; ``idle_rows`` [m] int64: logit rows of undecided mask slots of
+    constrained sequences; ``remask_sequence``, ``remask_slot`` [k] int64: filled slots the
+    grammar rejects.
+    """
+
+    sampled_rows: torch.Tensor
+    masks: torch.Tensor
+    idle_rows: torch.Tensor
+    remask_sequence: torch.Tensor
+    remask_slot: torch.Tensor
+    _saved: torch.Tensor | None = None
+
+    @staticmethod
+    def build(windows: Sequence[Sequence[int] | None], decided: Sequence[int],
+              first_rows: Sequence[int], mask_row_base: Sequence[int], bitmask: np.ndarray,
+              device: torch.device | str) -> "GrammarStep":
+        """The step of a batch: ``windows[b]`` is the window sequence ``b`` is fed (as for
+        :func:`plan_window`; None: not constrained), ``decided[b]`` and ``first_rows[b]``
+        its walk, ``mask_row_base[b]`` the logit row of its first mask slot (its mask slots'
+        rows follow in logical order), ``bitmask`` the rows the walks filled."""
+        sampled, grammar_rows, idle, remask = [], [], [], []
+        for b, window in enumerate(windows):
+            if window is None:
+                continue
+            masks_seen = 0
+            for slot, token in enumerate(window):
+                if token < 0:
+                    row = mask_row_base[b] + masks_seen
+                    masks_seen += 1
+                    if slot < decided[b]:
+                        sampled.append(row)
+                        grammar_rows.append(first_rows[b] + slot)
+                    else:
+                        idle.append(row)
+                elif slot < decided[b] and not token_allowed(bitmask[first_rows[b] + slot],
+                                                             token):
+                    remask.append((b, slot))
+
+        def tensor(values, dtype=torch.int64) -> torch.Tensor:
+            host = torch.as_tensor(np.asarray(values, dtype=np.int64)).to(dtype)
+            if torch.device(device).type == "cuda":
+                host = host.pin_memory()
+            return host.to(device, non_blocking=True)
+
+        masks = tensor(bitmask[grammar_rows] if grammar_rows else
+                       np.zeros((0, bitmask.shape[1]), dtype=np.int32), torch.int32)
+        pairs = np.asarray(remask, dtype=np.int64).reshape(-1, 2)
+        return GrammarStep(tensor(sampled), masks, tensor(idle), tensor(pairs[:, 0]),
+                           tensor(pairs[:, 1]))
+
+    @property
+    def empty(self) -> bool:
+        return self.sampled_rows.numel() == 0 and self.idle_rows.numel() == 0 and (
+            self.remask_slot.numel() == 0)
+
+    def mask_logits(self, logits: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
+        """Before the request rules: ban what each decided slot's mask does not allow (in
+        place), and return ``row_pos`` with the undecided mask rows made padding (-1), so
+        the selection neither samples nor fills them."""
+        rows = self.sampled_rows
+        if rows.numel():
+            decided = logits.index_select(0, rows)
+            words = -(-logits.shape[1] // 32)
+            masks = self.masks[:, :words]
+            if masks.shape[1] < words:  # tokens past the grammar's vocabulary: banned
+                masks = torch.nn.functional.pad(masks, (0, words - masks.shape[1]))
+            count = rows.numel()
+            process_logits(
+                decided, torch.tensor([0, count], dtype=torch.int32, device=logits.device),
+                torch.zeros(count, dtype=torch.int64, device=logits.device),
+                torch.zeros(1, dtype=torch.int32, device=logits.device),
+                torch.ones(1, dtype=torch.float32, device=logits.device),
+                token_bitmask=masks.contiguous())
+            logits.index_copy_(0, rows, decided)
+            self._saved = decided
+        if self.idle_rows.numel():
+            row_pos = row_pos.index_fill(0, self.idle_rows, -1)
+        return row_pos
+
+    def restore_dead_rows(self, logits: torch.Tensor) -> None:
+        """After the request rules: a decided slot the rules left no token (all ``-inf``:
+        min_tokens banning the end the grammar forces, say) takes back the grammar's
+        tokens with their unprocessed logits, so the grammar, not the rules, decides it."""
+        if self._saved is None:
+            return
+        rows = self.sampled_rows
+        processed = logits.index_select(0, rows)
+        dead = (processed == float("-inf")).all(dim=1, keepdim=True)
+        logits.index_copy_(0, rows, torch.where(dead, self._saved, processed))
+
+    def force_selected(self, selected: torch.Tensor) -> None:
+        """After the selection: every decided mask slot is filled (in place)."""
+        if self.sampled_rows.numel():
+            selected.index_fill_(0, self.sampled_rows, True)
+
+    def remask(self, win_tokens: torch.Tensor, win_mask: torch.Tensor, mask_id: int) -> None:
+        """Before the commit: the filled slots the grammar rejects become masks again."""
+        if self.remask_slot.numel():
+            index = (self.remask_sequence, self.remask_slot)
+            win_tokens.index_put_(index, torch.tensor(mask_id, dtype=win_tokens.dtype,
+                                                      device=win_tokens.device))
+            win_mask.index_put_(index, torch.tensor(True, device=win_mask.device))

@@ -7,6 +7,9 @@ suite. The list spans the five ops (their PyTorch implementations and their Trit
 the latter through Triton's interpreter), the reference decoder and ``model_min``'s decode
 step. Entries that pin a specific edge case select the one test written for it (``-k``), so
 the check also shows that this named test is what catches the bug.
+Each run of pytest is a fork of one process per copy that has torch, triton and the other
+heavy third-party modules imported (``PytestServer``): the run imports the mutated
+project itself, as a new process would, without paying those imports again.
 
 Before the mutations run, the selected tests must pass on an unmodified copy (otherwise a
 failure would say nothing about the mutation); ``--baseline-passed`` skips that run where
@@ -17,7 +20,7 @@ every CI run.
 
 Usage::
 
-    make mutation                           # all of them, two at a time (3 minutes here)
+    make mutation                           # all of them, two at a time
     python -m tests.mutations --list        # names, files and selected tests
     python -m tests.mutations NAME [NAME ...] [--jobs N] [--no-stop]
 
@@ -26,6 +29,8 @@ survived or could not be run.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -912,11 +917,97 @@ def _environment(copy: Path) -> dict[str, str]:
     return env
 
 
-def run_pytest(copy: Path, args: list[str], stop_at_first: bool) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
-               *(["-x"] if stop_at_first else []), *args]
-    return subprocess.run(command, cwd=copy, env=_environment(copy), capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+# Most of a short mutation run used to be Python importing torch, triton and (for the plugin)
+# transformers: 5 to 10 s a run on two busy cores, over a hundred runs. So each copy has one
+# server process that imports those once, in the copy's environment, and forks a fresh child
+# per pytest run: the child imports the project (the mutated copy) itself, as a new process
+# would. The server must not import anything of the project (a module imported before the
+# mutation is written would hide it), nor start threads (a fork copies one thread only).
+_PRELOADED = ("torch", "numpy", "triton", "hypothesis", "pytest", "transformers")
+_PROJECT = ("wedlm_kernels", "model_min", "reference", "bench", "tests", "examples")
+_SERVER = r"""
+import importlib.util, json, os, signal, sys, threading, time
+
+for name in PRELOADED:
+    if importlib.util.find_spec(name) is not None:
+        importlib.import_module(name)
+loaded = sorted(n for n in sys.modules if n.split(".")[0] in PROJECT)
+assert not loaded, f"the pytest server imported the project: {loaded}"
+assert threading.active_count() == 1, "the pytest server must not start threads"
+print("ready", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the child: as `python -m pytest ARGS` in the copy
+        os.setsid()  # its own process group: a timeout ends the tests' subprocesses too
+        # stdin: not the server's requests
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.path[0] = os.getcwd()  # where `python -m` puts it
+        code = 1
+        try:
+            import pytest
+            code = int(pytest.main(request["args"]))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + request["timeout"]
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:  # past its timeout
+        os.killpg(pid, signal.SIGKILL)
+        done = os.waitpid(pid, 0)
+        print(json.dumps({"timeout": True}), flush=True)
+    else:
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(done[1])}), flush=True)
+"""
+
+
+class PytestServer:
+    """Runs pytest in ``copy`` again and again, each run a fork of one process that has the
+    heavy third-party modules imported (``_SERVER``); ``run`` answers as ``subprocess.run``
+    would for ``python -m pytest ARGS`` in the copy."""
+
+    def __init__(self, copy: Path) -> None:
+        self.copy = copy
+        code = f"PRELOADED = {_PRELOADED!r}\nPROJECT = {_PROJECT!r}\n{_SERVER}"
+        self.process = subprocess.Popen([sys.executable, "-c", code], cwd=copy,
+                                        env=_environment(copy), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the pytest server in {copy} did not start")
+
+    def run(self, args: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory(prefix="pytest-run-") as scratch:
+            out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
+            request = {"args": args, "stdout": str(out), "stderr": str(err),
+                       "timeout": timeout}
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = json.loads(self.process.stdout.readline())
+            stdout, stderr = out.read_text(), err.read_text()
+        if answer.get("timeout"):
+            raise subprocess.TimeoutExpired(["pytest", *args], timeout, stdout, stderr)
+        return subprocess.CompletedProcess(["pytest", *args], answer["returncode"], stdout,
+                                           stderr)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+    def __enter__(self) -> "PytestServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_pytest(server: PytestServer, args: list[str],
+               stop_at_first: bool) -> subprocess.CompletedProcess:
+    return server.run(["-q", "-rfE", "-p", "no:cacheprovider",
+                       *(["-x"] if stop_at_first else []), *args])
 
 
 def summary_counts(stdout: str) -> dict[str, int]:
@@ -938,17 +1029,18 @@ def failing_tests(output: str) -> list[str]:
     return [f"{path}::{name} (crashed)" for path, name in frames[:1]]
 
 
-def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> Outcome:
-    """Apply ``mutation`` to ``copy``, run its tests, restore the file. Killed: a selected
-    test failed (or crashed the process); survived: the selected tests ran and passed;
-    anything else (nothing ran, every test skipped, a collection error, a timeout) is an
-    error of the check itself."""
+def run_mutation(mutation: Mutation, server: PytestServer,
+                 stop_at_first: bool = True) -> Outcome:
+    """Apply ``mutation`` to the server's copy, run its tests, restore the file. Killed: a
+    selected test failed (or crashed the process); survived: the selected tests ran and
+    passed; anything else (nothing ran, every test skipped, a collection error, a timeout) is
+    an error of the check itself."""
     start = time.monotonic()
-    target = copy / mutation.path
+    target = server.copy / mutation.path
     original = target.read_text()
     try:
         target.write_text(mutation.apply(original))
-        done = run_pytest(copy, mutation.pytest_args(), stop_at_first)
+        done = run_pytest(server, mutation.pytest_args(), stop_at_first)
     except (ValueError, subprocess.TimeoutExpired) as error:
         return Outcome(mutation.name, "ERROR", time.monotonic() - start, detail=str(error))
     finally:
@@ -968,10 +1060,10 @@ def run_mutation(mutation: Mutation, copy: Path, stop_at_first: bool = True) -> 
                           + " | ".join(output.strip().splitlines()[-3:]))
 
 
-def check_baseline(mutations: Iterable[Mutation], copy: Path) -> None:
+def check_baseline(mutations: Iterable[Mutation], server: PytestServer) -> None:
     """The selected tests pass on the unmodified copy (one run over their union)."""
     files = sorted({test for mutation in mutations for test in mutation.tests})
-    done = run_pytest(copy, files, stop_at_first=False)
+    done = run_pytest(server, files, stop_at_first=False)
     if done.returncode != 0:
         raise SystemExit("the selected tests fail without any mutation:\n"
                          + (done.stdout + done.stderr)[-4000:])
@@ -1004,23 +1096,24 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     jobs = max(1, min(options.jobs, len(chosen)))
-    with tempfile.TemporaryDirectory(prefix="wedlm-mutations-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="wedlm-mutations-") as scratch, \
+            contextlib.ExitStack() as servers:
         copies = [make_copy(Path(scratch) / f"copy{index}") for index in range(jobs)]
+        free = [servers.enter_context(PytestServer(copy)) for copy in copies]
         if options.baseline_passed:
             print("baseline: skipped (--baseline-passed: the suite passed on this tree)",
                   flush=True)
         else:
             print("baseline: the selected tests on an unmodified copy ...", flush=True)
-            check_baseline(chosen, copies[0])
+            check_baseline(chosen, free[0])
             print(f"baseline: passed in {time.monotonic() - start:.0f} s", flush=True)
-        free = list(copies)
 
         def run(mutation: Mutation) -> Outcome:
-            copy = free.pop()
+            server = free.pop()
             try:
-                outcome = run_mutation(mutation, copy, not options.no_stop)
+                outcome = run_mutation(mutation, server, not options.no_stop)
             finally:
-                free.append(copy)
+                free.append(server)
             killer = outcome.failing[0] if outcome.failing else outcome.detail
             print(f"{outcome.status:9} {outcome.seconds:6.1f} s  {mutation.name:45} {killer}",
                   flush=True)

@@ -15,6 +15,7 @@ from tests.mutations import (
     ROOT,
     VLLM_MUTATIONS,
     Mutation,
+    PytestServer,
     make_copy,
     repository_files,
     run_mutation,
@@ -103,23 +104,26 @@ def test_outside_a_git_checkout_the_copy_skips_environments_and_caches(tmp_path:
 
 def test_the_harness_tells_killed_survived_and_not_run_apart(tmp_path: Path):
     copy = make_copy(tmp_path / "copy")
-    planted = next(m for m in MUTATIONS if m.name == "select-torch-threshold-not-strict")
-    killed = run_mutation(planted, copy)
-    assert killed.status == "killed", killed
-    assert killed.failing == [
-        "tests/test_select_tokens.py::test_rows_exactly_at_their_threshold_are_not_selected"]
-    harmless = Mutation(
-        "comment-only", planted.path,
-        (("# Adjusted entropy: penalty", "# The adjusted entropy: penalty"),),
-        planted.tests, "changes a comment", keyword=planted.keyword,
-    )
-    survived = run_mutation(harmless, copy)
-    assert survived.status == "SURVIVED", survived
-    unexpected = Mutation("killed-by-something-else", planted.path, planted.edits,
-                          planted.tests, planted.bug, keyword=planted.keyword,
-                          expect="NoProgressError")
-    assert run_mutation(unexpected, copy).status == "ERROR"
-    selects_nothing = Mutation("selects-nothing", planted.path, planted.edits, planted.tests,
-                               "no test runs", keyword="no_test_is_named_like_this")
-    assert run_mutation(selects_nothing, copy).status == "ERROR"
+    # the pytest server starts before any mutation is written: each forked run must still
+    # import the copy as it is then
+    with PytestServer(copy) as server:
+        planted = next(m for m in MUTATIONS if m.name == "select-torch-threshold-not-strict")
+        killed = run_mutation(planted, server)
+        assert killed.status == "killed", killed
+        assert killed.failing == [
+            "tests/test_select_tokens.py::test_rows_exactly_at_their_threshold_are_not_selected"]
+        harmless = Mutation(
+            "comment-only", planted.path,
+            (("# Adjusted entropy: penalty", "# The adjusted entropy: penalty"),),
+            planted.tests, "changes a comment", keyword=planted.keyword,
+        )
+        survived = run_mutation(harmless, server)
+        assert survived.status == "SURVIVED", survived
+        unexpected = Mutation("killed-by-something-else", planted.path, planted.edits,
+                              planted.tests, planted.bug, keyword=planted.keyword,
+                              expect="NoProgressError")
+        assert run_mutation(unexpected, server).status == "ERROR"
+        selects_nothing = Mutation("selects-nothing", planted.path, planted.edits, planted.tests,
+                                   "no test runs", keyword="no_test_is_named_like_this")
+        assert run_mutation(selects_nothing, server).status == "ERROR"
     assert (copy / planted.path).read_text() == (ROOT / planted.path).read_text()

@@ -121,7 +121,7 @@ class SamplingParams:
         if self.grammar is not None and not callable(self.grammar):
             raise rp.ParameterTypeError(
                 f"{name('grammar')} must be a function returning a grammar, got "
-                f"{type(self.grammar).__name__}")
+                f"{type(self.grammar).__name__}", name("grammar"))
 
 
 def parse_threshold(text: str) -> float | None:

@@ -97,6 +97,7 @@ LOGITS_TESTS = ("tests/test_process_logits.py",)
 LOGITS_KERNEL_TESTS = ("tests/test_process_logits_kernel.py",)
 DECODER_TESTS = ("tests/test_reference_decoder.py",)
 MODEL_MIN_TESTS = ("tests/test_model_min_generator.py", "tests/test_model_min_logits.py")
+GRAMMAR_TESTS = ("tests/test_grammar.py",)
 
 MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ select_tokens, PyTorch
@@ -652,6 +653,41 @@ MUTATIONS: list[Mutation] = [
           "        return 1.0"),),
         ("tests/test_rope_yarn.py",), "YaRN's cos and sin lose the attention factor",
     ),
+    # ------------------------------------------------------------ structured outputs
+    Mutation(
+        "grammar-masks-not-applied", "wedlm_kernels/grammar.py",
+        (("        if rows.numel():\n            decided = logits.index_select(0, rows)",
+          "        if False:\n            decided = logits.index_select(0, rows)"),),
+        GRAMMAR_TESTS, "a decided slot samples from every token, not the grammar's",
+    ),
+    Mutation(
+        "grammar-rejected-slot-committed", "wedlm_kernels/grammar.py",
+        (("        if self.remask_slot.numel():\n", "        if False:\n"),),
+        GRAMMAR_TESTS, "a filled slot the grammar rejects stays filled and is committed",
+    ),
+    Mutation(
+        "grammar-decided-slots-not-forced", "wedlm_kernels/grammar.py",
+        (("            selected.index_fill_(0, self.sampled_rows, True)",
+          "            pass"),),
+        GRAMMAR_TESTS, "a decided slot is filled only when the entropy rule selects it",
+    ),
+    Mutation(
+        "grammar-forced-tokens-not-followed", "wedlm_kernels/grammar.py",
+        (("    if int(counts.sum()) != 1:", "    if True:"),),
+        GRAMMAR_TESTS, "the walk stops at every mask: one token a forward under a grammar",
+    ),
+    Mutation(
+        "grammar-walk-not-undone", "wedlm_kernels/grammar.py",
+        (("        if advanced:\n            grammar.rollback(advanced)", "        pass"),),
+        GRAMMAR_TESTS, "the grammar keeps the walked tokens as if committed",
+    ),
+    Mutation(
+        "grammar-dead-rows-kept", "wedlm_kernels/grammar.py",
+        (("        logits.index_copy_(0, rows, torch.where(dead, self._saved, processed))",
+          "        pass"),),
+        GRAMMAR_TESTS, "min_tokens bans the end a grammar forces: the slot samples a token "
+        "the grammar rejects", keyword="min_tokens",
+    ),
     # ------------------------------------------------------------ request parameters
     Mutation(
         "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",
@@ -713,7 +749,7 @@ VLLM_MUTATIONS = [
     ),
     Mutation(
         "vllm-live-canvas-reports-the-fixed-canvas", VLLM_STATE,
-        (("        if not self.live_canvas:\n            return drafts\n",
+        (("        if not self.live_canvas and not structured:\n            return drafts\n",
           "        return drafts\n"),),
         ("tests/vllm_plugin/test_vllm_canvas.py",), "vLLM keeps scheduling 2W rows per "
         "request: the padding is back", keyword="live_canvas and greedy",
@@ -822,6 +858,31 @@ VLLM_MUTATIONS += [
         ("tests/vllm_plugin/test_vllm_checkpoints.py",), "no room for the tokenizer's eos, "
         "which vLLM adds beside the checkpoint's: a request with 24 stop ids loses one",
         keyword="stop_id_buffer",
+    ),
+]
+VLLM_STRUCTURED = ("tests/vllm_plugin/test_vllm_structured.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-grammar-rows-on-the-filled-rows", VLLM_STATE,
+        (("                mask_row_base[b] = int(cu_logits[b]) + sum(t >= 0 for t in window)",
+          "                mask_row_base[b] = int(cu_logits[b])"),),
+        VLLM_STRUCTURED, "the grammar's rows go to a request's first logit rows (its filled "
+        "slots), not to its mask slots", keyword="json and greedy",
+    ),
+    Mutation(
+        "vllm-scheduler-validates-the-reported-window",
+        "wedlm_kernels/integrations/vllm/structured.py",
+        (("        taken = self._take_reports(draft_token_ids)\n        for req_id in taken:",
+          "        taken = set()\n        for req_id in taken:"),),
+        VLLM_STRUCTURED, "vLLM's draft check cuts the window report at its first mask: the "
+        "request is given no rows and stalls", keyword="choice and greedy",
+        expect="makes no progress",
+    ),
+    Mutation(
+        "vllm-stale-window-not-held", VLLM_STATE,
+        (("                held.append(b)\n", "                pass\n"),),
+        ("tests/vllm_plugin/test_vllm_async.py",), "under asynchronous scheduling a step fed "
+        "another window than the one walked commits by the wrong rows", keyword="structured",
     ),
 ]
 VLLM_MUTATIONS.append(Mutation(

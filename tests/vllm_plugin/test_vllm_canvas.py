@@ -5,11 +5,11 @@ the fixed canvas (2W rows), each decoding as model_min does."""
 import pytest
 import vllm
 from vllm import SamplingParams
-from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
 
 import model_min
 from wedlm_kernels.integrations.vllm import live_canvas, row_stats
 from wedlm_kernels.integrations.vllm._register import SCHEDULER
+from wedlm_kernels.integrations.vllm.scheduler import WeDLMScheduler
 
 from .conftest import WINDOW
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
@@ -44,12 +44,12 @@ def test_the_live_canvas_feeds_only_live_rows(engine, workload):
     assert 0 < live == fed, (workload, fed, live)
 
 
-def test_a_synchronous_engine_runs_vllms_diffusion_scheduler(engine):
-    # the plugin's scheduler_cls: vLLM's own under synchronous scheduling (test_vllm_async.py
-    # has the asynchronous one)
+def test_a_synchronous_engine_runs_the_plugins_diffusion_scheduler(engine):
+    # the plugin's scheduler_cls: vLLM's DiffusionScheduler with the structured-output
+    # windows under synchronous scheduling (test_vllm_async.py has the asynchronous one)
     config = engine.llm_engine.vllm_config.scheduler_config
     assert not config.async_scheduling and config.scheduler_cls == SCHEDULER
-    assert type(engine.llm_engine.engine_core.engine_core.scheduler) is DiffusionScheduler
+    assert type(engine.llm_engine.engine_core.engine_core.scheduler) is WeDLMScheduler
 
 
 def test_the_fixed_canvas_feeds_2w_rows_per_request_and_decodes_the_same(engines, reference):

@@ -7,7 +7,6 @@ import pytest
 import torch
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
-from vllm.sampling_params import StructuredOutputsParams
 
 from wedlm_kernels.integrations.vllm.state import NoProgressError
 
@@ -26,7 +25,6 @@ UNSUPPORTED = [
     ("stop_token_ids", dict(stop_token_ids=list(range(100, 125)))),
     ("logprob_token_ids", dict(logprob_token_ids=[1, 2])),
     ("prompt_logprob_token_ids", dict(prompt_logprob_token_ids=[[0]] * 5)),
-    ("structured_outputs", dict(structured_outputs=StructuredOutputsParams(regex="[ab]+"))),
     ("diffusion_canvas_length", dict(extra_args={"diffusion_canvas_length": 8})),
     ("wedlm_block", dict(extra_args={"wedlm_block": 4})),
     ("wedlm_window", dict(extra_args={"wedlm_window": WINDOW + 1})),

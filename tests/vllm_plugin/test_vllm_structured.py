@@ -8,6 +8,7 @@ tokens a forward."""
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from vllm import SamplingParams
@@ -16,6 +17,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputOptions
 from vllm.v1.structured_output.utils import choice_as_grammar
 
 import model_min
+from wedlm_kernels.integrations.vllm._register import SCHEDULER, _structured_refusal
 
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
@@ -88,3 +90,35 @@ def test_each_grammar_decodes_valid_outputs_and_model_mins_tokens(engine, refere
         assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
         assert forwards < len(tokens)  # the forced tokens commit beside a sampled one
 
+
+
+@pytest.mark.parametrize("version, scheduler, reasoning, why", [
+    ("0.32.0", SCHEDULER, None, None),
+    ("0.32.0+cu130", SCHEDULER, None, None),
+    ("0.33.0", SCHEDULER, None, "written for vLLM"),
+    ("0.32.0", "my.Scheduler", None, "plugin's scheduler"),
+    ("0.32.0", SCHEDULER, "qwen3", "reasoning parser"),
+])
+def test_an_engine_that_cannot_serve_them_says_why(monkeypatch, version, scheduler,
+                                                   reasoning, why):
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(scheduler_cls=scheduler),
+        structured_outputs_config=SimpleNamespace(reasoning_parser=reasoning,
+                                                  enable_in_reasoning=False))
+    refusal = _structured_refusal(config)
+    assert refusal is None if why is None else why in refusal
+
+
+def test_a_refusing_engine_refuses_the_request_by_name(engine, monkeypatch):
+    from vllm.exceptions import VLLMValidationError
+
+    hf_config = engine.llm_engine.vllm_config.model_config.hf_config
+    monkeypatch.setattr(hf_config, "wedlm_structured_refusal", "no grammar today",
+                        raising=False)
+    served, _ = both(engine, "regex", None)
+    with pytest.raises(VLLMValidationError, match="no grammar today") as failure:
+        engine.generate([{"prompt_token_ids": PROMPTS[0]}], served, use_tqdm=False)
+    assert failure.value.parameter == "structured_outputs"

@@ -49,6 +49,11 @@ class WeDLMAsyncScheduler(StructuredWindows, DiffusionAsyncScheduler):
         for request in self.running:
             if request.num_output_placeholders == 0:
                 continue  # nothing in flight: the bound counts committed rows only
+            if request.use_structured_output:
+                # A structured request's window reaches the scheduler only when vLLM
+                # defers its sampling behind a step in flight, so it never waits for one
+                # (near the limit its window may be cut; docs/vllm.md)
+                continue
             width = diffusion_canvas_width(request, self.num_spec_tokens)
             # the query rows Scheduler.schedule will ask for, and its bound on them
             wanted = (request.num_tokens + min(len(request.spec_token_ids), width)

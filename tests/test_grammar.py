@@ -1,0 +1,173 @@
+"""wedlm_kernels.grammar: the window walk (which slots a grammar decides, under which masks)
+and what a step does with it, on a grammar of a few token sequences (tests/grammars.py);
+then model_min decoding under it in every mode: every output is one the grammar accepts,
+forced tokens commit several tokens a forward, and the rules never leave a decided slot
+without a token."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_min import Generator, SamplingParams, load_model
+from tests.grammars import Choice
+from wedlm_kernels.grammar import GrammarStep, only_token, plan_window, token_allowed
+
+END, VOCAB = 9, 70
+TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"
+
+
+def words(tokens) -> np.ndarray:
+    row = np.zeros(-(-VOCAB // 32), dtype=np.int64)
+    for token in tokens:
+        row[token // 32] |= 1 << (token % 32)
+    return np.where(row >= 1 << 31, row - (1 << 32), row).astype(np.int32)
+
+
+def allowed_of(row: np.ndarray) -> set[int]:
+    return {v for v in range(VOCAB) if token_allowed(row, v)}
+
+
+def bitmask(rows: int) -> torch.Tensor:
+    return torch.full((rows, -(-VOCAB // 32)), 7, dtype=torch.int32)  # junk to overwrite
+
+
+@pytest.mark.parametrize("tokens", [[], [0], [31], [32], [63], [69], [5, 40]])
+def test_only_token_and_token_allowed_read_the_bits_xgrammar_writes(tokens):
+    row = words(tokens)
+    assert only_token(row) == (tokens[0] if len(tokens) == 1 else None)
+    assert allowed_of(row) == set(tokens)
+    assert not token_allowed(row, -1) and not token_allowed(row, 10**6)
+
+
+def test_an_empty_window_decides_the_forced_run_and_the_first_free_slot():
+    # "1 2 3" or "1 2 4": 1 and 2 are forced, the third slot is a choice
+    grammar = Choice([[1, 2, 3], [1, 2, 4]], END, VOCAB)
+    rows = bitmask(6)
+    decided = plan_window(grammar, [-1] * 5, rows, 1)
+    assert decided == 3
+    table = rows.numpy()
+    assert [allowed_of(table[1 + s]) for s in range(3)] == [{1}, {2}, {3, 4}]
+    assert all((table[1 + s] == -1).all() for s in (3, 4))  # undecided: not constrained
+    assert (table[0] == 7).all() and grammar.tokens == []  # other rows untouched, undone
+
+
+def test_filled_slots_are_checked_in_order_and_a_rejected_one_ends_the_walk():
+    grammar = Choice([[1, 2, 3, 5], [1, 6]], END, VOCAB)
+    rows = bitmask(6)
+    # slot 0 filled with 1 (accepted), slot 1 a mask (2 or 6), slot 2 filled: undecided
+    assert plan_window(grammar, [1, -1, 3, -1], rows, 0) == 2
+    assert allowed_of(rows.numpy()[1]) == {2, 6}
+    # 1, 2 accepted; slot 2 holds 4, which the grammar rejects there: decided up to it,
+    # with the mask of its place (3) in its row
+    assert plan_window(grammar, [1, 2, 4, -1, -1], rows, 0) == 3
+    assert allowed_of(rows.numpy()[2]) == {3} and (rows.numpy()[3:5] == -1).all()
+    assert grammar.tokens == []
+
+
+def test_after_the_end_the_window_is_decided_and_free():
+    grammar = Choice([[1]], END, VOCAB)
+    rows = bitmask(4)
+    assert plan_window(grammar, [-1, -1, -1, -1], rows, 0) == 4  # 1, END forced; then free
+    table = rows.numpy()
+    assert allowed_of(table[0]) == {1} and allowed_of(table[1]) == {END}
+    assert (table[2:] == -1).all() and not grammar.terminated
+
+
+def test_a_step_bans_masks_idles_undecided_rows_forces_and_remasks():
+    # two sequences; logit rows: sequence 0 at 0..3, sequence 1 at 4..7
+    grammar = Choice([[1, 2, 3], [1, 2, 4]], END, VOCAB)
+    rows = bitmask(8)
+    windows = [[-1, -1, -1, -1], None]
+    decided = [plan_window(grammar, windows[0], rows, 0), 0]
+    step = GrammarStep.build(windows, decided, [0, 0], [0, 4], rows.numpy(), "cpu")
+    logits = torch.randn(8, VOCAB)
+    before = logits.clone()
+    row_pos = torch.arange(8)
+    row_pos = step.mask_logits(logits, row_pos)
+    assert row_pos.tolist() == [0, 1, 2, -1, 4, 5, 6, 7]  # slot 3 is not decided
+    for row, allowed in enumerate([{1}, {2}, {3, 4}]):
+        banned = [v for v in range(VOCAB) if v not in allowed]
+        assert torch.isneginf(logits[row, banned]).all()
+        assert torch.equal(logits[row, sorted(allowed)], before[row, sorted(allowed)])
+    assert torch.equal(logits[3:], before[3:])
+    selected = torch.zeros(8, dtype=torch.bool)
+    step.force_selected(selected)
+    assert selected.tolist() == [True] * 3 + [False] * 5
+
+
+def test_a_filled_slot_the_grammar_rejects_is_masked_again_before_the_commit():
+    grammar = Choice([[1, 2]], END, VOCAB)
+    rows = bitmask(3)
+    window = [1, 5, -1]
+    decided = plan_window(grammar, window, rows, 0)
+    assert decided == 2
+    step = GrammarStep.build([window], [decided], [0], [0], rows.numpy(), "cpu")
+    tokens = torch.tensor([[1, 5, 0]])
+    masks = torch.tensor([[False, False, True]])
+    step.remask(tokens, masks, 99)
+    assert tokens.tolist() == [[1, 99, 0]] and masks.tolist() == [[False, True, True]]
+    assert step.sampled_rows.numel() == 0  # the rejected slot has no mask row this step
+
+
+def test_a_row_the_rules_leave_empty_takes_back_the_grammars_tokens():
+    grammar = Choice([[END]], END, VOCAB)
+    rows = bitmask(1)
+    step = GrammarStep.build([[-1]], [plan_window(grammar, [-1], rows, 0)], [0], [0],
+                             rows.numpy(), "cpu")
+    logits = torch.randn(1, VOCAB)
+    raw = logits[0, END].item()
+    step.mask_logits(logits, torch.zeros(1, dtype=torch.int64))
+    logits[0, END] = -math.inf  # a rule bans the only token the grammar allows
+    step.restore_dead_rows(logits)
+    assert logits[0, END].item() == raw and torch.isneginf(logits[0, :END]).all()
+
+
+CHOICES = [list(b"positive"), list(b"negative"), list(b"neutral")]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return load_model(TINY)
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+@pytest.mark.parametrize("window", [8, 16])
+def test_model_min_outputs_parse_in_every_mode_and_window(tiny, mode, window):
+    made = []
+
+    def grammar():
+        made.append(Choice(CHOICES, 256, tiny.config.vocab_size))
+        return made[-1]
+
+    prompts = [list(b"Review: great. Sentiment:"), list(b"count: 1 2 3"), [1, 2, 3]]
+    generator = Generator(tiny, window=window, max_batch=3)
+    for params in (SamplingParams(max_new_tokens=20, stop_token_ids=(256,), grammar=grammar),
+                   SamplingParams(max_new_tokens=20, stop_token_ids=(256,), grammar=grammar,
+                                  temperature=0.9, seed=4)):
+        for result in generator.generate(prompts, params, mode=mode):
+            assert result.token_ids[:-1] in CHOICES and result.token_ids[-1] == 256
+            assert result.finish_reason == "stop"
+            if mode != "ar":  # the forced tokens commit beside the sampled one
+                assert result.forwards < len(result.token_ids) / 2
+    # each request walked a grammar of its own (which raised on no committed token)
+    assert len(made) == 6 and all(
+        any((c + [256])[:len(g.tokens)] == g.tokens for c in CHOICES) for g in made)
+
+
+def test_model_min_lets_the_grammar_end_before_min_tokens(tiny):
+    """min_tokens bans the end the grammar forces: the grammar decides (the row takes back
+    its tokens), so the output still parses."""
+    params = SamplingParams(max_new_tokens=30, stop_token_ids=(256,), min_tokens=20,
+                            grammar=lambda: Choice(CHOICES, 256, tiny.config.vocab_size))
+    for mode in ("streaming", "ar"):
+        [result] = Generator(tiny, window=8).generate([list(b"x = ")], params, mode=mode)
+        assert result.token_ids[:-1] in CHOICES and result.token_ids[-1] == 256
+
+
+def test_a_grammar_that_is_not_a_function_is_refused_by_name():
+    with pytest.raises(TypeError, match="SamplingParams.grammar"):
+        SamplingParams(grammar=Choice(CHOICES, 256, 300))

@@ -34,7 +34,7 @@ from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "BACKEND",

@@ -870,19 +870,19 @@ VLLM_MUTATIONS += [
         "slots), not to its mask slots", keyword="json and greedy",
     ),
     Mutation(
-        "vllm-scheduler-validates-the-reported-window",
+        "vllm-scheduler-builds-vllms-draft-rows",
         "wedlm_kernels/integrations/vllm/structured.py",
-        (("        taken = self._take_reports(draft_token_ids)\n        for req_id in taken:",
-          "        taken = set()\n        for req_id in taken:"),),
-        VLLM_STRUCTURED, "vLLM's draft check cuts the window report at its first mask: the "
-        "request is given no rows and stalls", keyword="choice and greedy",
-        expect="makes no progress",
+        (("            return None\n        scheduled = scheduler_output.scheduled_spec_decode_tokens",
+          "            return None\n        return super().get_grammar_bitmask(scheduler_output)\n"
+          "        scheduled = scheduler_output.scheduled_spec_decode_tokens"),),
+        VLLM_STRUCTURED, "vLLM's own rows (the mask after drafts 0..i-1 on row i) reach the "
+        "window's mask slots", keyword="choice and greedy",
     ),
     Mutation(
         "vllm-stale-window-not-held", VLLM_STATE,
         (("                held.append(b)\n", "                pass\n"),),
-        ("tests/vllm_plugin/test_vllm_async.py",), "under asynchronous scheduling a step fed "
-        "another window than the one walked commits by the wrong rows", keyword="structured",
+        VLLM_STRUCTURED, "a step fed another window than the one walked (a report that did "
+        "not arrive) samples and commits by the wrong rows", keyword="another_window",
     ),
 ]
 VLLM_MUTATIONS.append(Mutation(

@@ -8,9 +8,11 @@ tokens a forward."""
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import StructuredOutputOptions
@@ -19,6 +21,7 @@ from vllm.v1.structured_output.utils import choice_as_grammar
 import model_min
 from wedlm_kernels.integrations.vllm._register import SCHEDULER, _structured_refusal
 
+from .conftest import WINDOW
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
 EOS = 256  # the tiny model's (a byte-level vocabulary: token = byte)
@@ -122,3 +125,178 @@ def test_a_refusing_engine_refuses_the_request_by_name(engine, monkeypatch):
     with pytest.raises(VLLMValidationError, match="no grammar today") as failure:
         engine.generate([{"prompt_token_ids": PROMPTS[0]}], served, use_tqdm=False)
     assert failure.value.parameter == "structured_outputs"
+
+
+@pytest.mark.parametrize("fields", [
+    {"choice": []}, {"regex": "("}, {"regex": ""}, {"json": {"type": "nonsense"}},
+    {"grammar": "root ::= "}, {"json": "{not json"}, {"regex": "a+"},
+    {"json": {"type": "object", "properties": {"x": {"type": "string", "pattern": "["}}}},
+], ids=lambda fields: json.dumps(fields)[:40])
+def test_an_odd_grammar_is_refused_or_served_and_the_engine_keeps_serving(engine, fields):
+    """Grammars vLLM's backend cannot compile or that accept nothing but the end: refused
+    with an error naming them, or served (to the end or to max_tokens); never a stopped
+    engine (the next request decodes model_min's tokens)."""
+    from vllm.exceptions import VLLMValidationError
+
+    served = SamplingParams(max_tokens=12, temperature=0,
+                            structured_outputs=StructuredOutputsParams(**fields))
+    try:
+        [output] = engine.generate([{"prompt_token_ids": PROMPTS[0]}], served,
+                                   use_tqdm=False)
+    except (VLLMValidationError, ValueError) as error:
+        assert error.args  # refused before the engine took it
+    else:
+        tokens = list(output.outputs[0].token_ids)
+        assert len(tokens) <= 12
+        if "regex" in fields and fields["regex"] == "a+":
+            assert set(tokens) <= {ord("a"), EOS}
+    plain, _ = both(engine, "regex", None)
+    assert all(t[-1] == EOS for t, _, _ in vllm_generate(engine, PROMPTS[:1], plain))
+
+
+def test_a_step_fed_another_window_than_the_one_walked_commits_nothing(engine, reference,
+                                                                       monkeypatch):
+    """Every third window report is lost on its way to the scheduler (as when a report does
+    not arrive before a step under asynchronous scheduling): the scheduler walks an older
+    window, the worker sees the key differ and holds the request that step, and the request
+    still decodes model_min's tokens."""
+    scheduler = engine.llm_engine.engine_core.engine_core.scheduler
+    take = scheduler._take_reports
+    calls = []
+
+    def lossy(draft_token_ids):
+        calls.append(1)
+        if len(calls) % 3 == 0:
+            return {req_id for req_id in draft_token_ids.req_ids
+                    if req_id in scheduler.requests
+                    and scheduler.requests[req_id].use_structured_output}
+        return take(draft_token_ids)
+
+    monkeypatch.setattr(scheduler, "_take_reports", lossy)
+    served, wanted = both(engine, "json", None)
+    got = vllm_generate(engine, PROMPTS, served)
+    assert [t for t, _, _ in got] == [t for t, _, _ in reference_generate(reference, PROMPTS,
+                                                                          wanted)]
+    assert all(valid("json", text(t[:-1])) for t, _, _ in got)
+
+
+# ------------------------------------------------------------ a Qwen3-0.6B-shaped model
+
+VOCAB_06B, EOS_06B, MASK_06B = 151936, 151643, 151665
+
+
+def write_06b_shaped(path: Path) -> Path:
+    """A random WeDLM checkpoint at Qwen3-0.6B's widths (hidden 1024, 16 query and 8 KV
+    heads of 128, MLP 3072, vocabulary 151936, tied embeddings) with 2 of its 28 layers
+    (the test's CPU time; the grammar path does not depend on depth), and a byte-level BPE
+    tokenizer of about 151k tokens (bytes, every pair and many triples of printable
+    characters): noise over a vocabulary of Qwen's size, whose raw outputs parse as nothing,
+    so only the grammar makes them valid."""
+    from safetensors.torch import save_file
+
+    from .conftest import TINY
+
+    path.mkdir(parents=True, exist_ok=True)
+    # the byte-level characters of the 256 bytes, as the tiny model's tokenizer has them
+    tiny = json.loads((TINY / "tokenizer.json").read_text())["model"]["vocab"]
+    byte_char = {byte: text for text, byte in tiny.items() if byte < 256}
+    vocab = {byte_char[b]: b for b in range(256)}
+    printable = [byte_char[b] for b in range(32, 127)]
+    merges = []
+    for first in printable:
+        for second in printable:
+            vocab[first + second] = len(vocab)
+            merges.append(f"{first} {second}")
+    for first in printable:
+        for second in printable:
+            for third in printable:
+                if len(vocab) >= EOS_06B:
+                    break
+                vocab[first + second + third] = len(vocab)
+                merges.append(f"{first + second} {third}")
+    added = [{"id": i, "content": text, "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": True}
+             for i, text in ((EOS_06B, "<|endoftext|>"), (MASK_06B, "<|mask|>"))]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": False}
+    (path / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges}}))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "model_max_length": 512}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_06B}))
+    hidden, heads, kv_heads, head_dim, mlp, layers = 1024, 16, 8, 128, 3072, 2
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["WeDLMForCausalLM"], "model_type": "wedlm", "qk_norm": True,
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": mlp,
+        "vocab_size": VOCAB_06B, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 512, "hidden_act": "silu", "attention_bias": False,
+        "tie_word_embeddings": True, "torch_dtype": "float32", "eos_token_id": EOS_06B,
+        "bos_token_id": EOS_06B, "mask_token_id": MASK_06B}))
+    generator = torch.Generator().manual_seed(0)
+
+    def linear(rows, columns):
+        return torch.randn(rows, columns, generator=generator) / columns ** 0.5
+
+    def norm(size):
+        return 1.0 + 0.25 * torch.randn(size, generator=generator)
+
+    weights = {"model.embed_tokens.weight": torch.randn(VOCAB_06B, hidden,
+                                                         generator=generator),
+               "model.norm.weight": norm(hidden)}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}."
+        weights.update({
+            prefix + "input_layernorm.weight": norm(hidden),
+            prefix + "post_attention_layernorm.weight": norm(hidden),
+            prefix + "self_attn.q_proj.weight": linear(heads * head_dim, hidden),
+            prefix + "self_attn.k_proj.weight": linear(kv_heads * head_dim, hidden),
+            prefix + "self_attn.v_proj.weight": linear(kv_heads * head_dim, hidden),
+            prefix + "self_attn.o_proj.weight": linear(hidden, heads * head_dim),
+            prefix + "self_attn.q_norm.weight": norm(head_dim),
+            prefix + "self_attn.k_norm.weight": norm(head_dim),
+            prefix + "mlp.gate_proj.weight": linear(mlp, hidden),
+            prefix + "mlp.up_proj.weight": linear(mlp, hidden),
+            prefix + "mlp.down_proj.weight": linear(hidden, mlp),
+        })
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.mark.slow
+def test_a_qwen3_06b_shaped_random_model_decodes_valid_json_only_through_the_grammar(
+        engines, tmp_path):
+    checkpoint = write_06b_shaped(tmp_path / "qwen3-0.6b-shaped")
+    model = model_min.load_model(checkpoint)
+    schema = json.dumps(SCHEMA)
+    prompts = [list(range(1000, 1012)), [5, 77, 300, 151000]]
+    samplings = [{"temperature": 0}, {"temperature": 0.8, "seed": 3}]  # one of each
+    with engines.own(checkpoint, max_model_len=512, max_num_batched_tokens=128) as llm:
+        free = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
+        for output in free:  # noise: not JSON
+            with pytest.raises(ValueError):
+                json.loads(output.outputs[0].text)
+        got = vllm_generate(llm, prompts, [SamplingParams(
+            max_tokens=120, **sampling, structured_outputs=StructuredOutputsParams(json=SCHEMA))
+            for sampling in samplings])
+        backend = backend_of(llm)
+        generator = model_min.Generator(model, window=WINDOW, max_batch=len(prompts))
+        want = generator.generate(prompts, [model_min.SamplingParams(
+            max_new_tokens=120, stop_token_ids=(EOS_06B,), **sampling,
+            grammar=lambda: backend.compile_grammar(
+                StructuredOutputOptions.JSON, schema, stop_token_ids={EOS_06B}))
+            for sampling in samplings])
+        assert [(tokens, forwards) for tokens, forwards, _ in got] == [
+            (r.token_ids, r.forwards) for r in want]
+        for result in want:
+            assert result.token_ids[-1] == EOS_06B
+            body = llm.get_tokenizer().decode(result.token_ids[:-1])
+            assert valid("json", body), body

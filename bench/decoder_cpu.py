@@ -102,9 +102,9 @@ class StepTimer:
         self.batch_sizes: list[int] = []
         step = generator._step
 
-        def timed_step(state, mode=None, num_rows=None):
+        def timed_step(state, *args, **kwargs):
             start = time.perf_counter()
-            step(state, mode, num_rows)
+            step(state, *args, **kwargs)
             self.durations.append(time.perf_counter() - start)
             self.batch_sizes.append(state.size)
 
@@ -226,10 +226,10 @@ def op_calls_per_step(model, prompts, params, window) -> dict:
     generator = Generator(model, window=window, max_batch=len(prompts), seed=SEED)
     step, steps = generator._step, [0]
 
-    def labelled_step(state, mode=None, num_rows=None):
+    def labelled_step(state, *args, **kwargs):
         steps[0] += 1
         with torch.profiler.record_function("decode_step"):
-            step(state, mode, num_rows)
+            step(state, *args, **kwargs)
 
     generator._step = labelled_step
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:

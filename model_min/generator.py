@@ -492,8 +492,11 @@ class Generator:
         if self.graphs is None or self._grammars:
             self._owner_ids = [r.index for r in owners]
             for _ in range(self.poll_every):
-                grammar = self._plan_grammar(state, owners) if self._grammars else None
-                self._step(state, num_rows=self._rows_for_step(state), grammar=grammar)
+                rows = self._rows_for_step(state)
+                if self._grammars:  # (only then: a plain call's _step takes no grammar)
+                    self._step(state, num_rows=rows, grammar=self._plan_grammar(state, owners))
+                else:
+                    self._step(state, num_rows=rows)
             return state, owners
         size = bucket_size(len(owners), self.max_batch)
         padded = state.padded(size, self.mask_token_id or 0)

@@ -15,7 +15,6 @@ writes eos).
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -98,12 +97,14 @@ def run() -> dict:
     import vllm
     import xgrammar
 
-    return {"environment": {"device": "cpu", "python": platform.python_version(),
-                            "torch": torch.__version__, "vllm": vllm.__version__,
-                            "xgrammar": getattr(xgrammar, "__version__", "0.2.8"),
-                            "command": "python -m bench.structured_outputs " + " ".join(
-                                sys.argv[1:])},
-            "rows": rows}
+    from model_min.run_info import device_info, utc_now, versions
+
+    return {"benchmark": "bench.structured_outputs", "date": utc_now(),
+            "device": device_info(torch.device("cpu")),
+            "versions": {**versions(), "vllm": vllm.__version__,
+                         "xgrammar": getattr(xgrammar, "__version__", None)},
+            "command": " ".join(["python -m bench.structured_outputs", *sys.argv[1:]]),
+            "cases": rows}
 
 
 def markdown(result: dict) -> str:
@@ -112,15 +113,16 @@ def markdown(result: dict) -> str:
              "run decodes as many tokens as the longest constrained output.", "",
              "| grammar | JSON whitespace | W | mode | tokens | forwards | tokens/forward "
              "| ended on eos | free tokens/forward |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in result["rows"]:
+    for row in result["cases"]:
         lines.append(
             f"| {row['grammar']} | {'free' if row['any_whitespace'] else 'none'} | "
             f"{row['window']} | {row['mode']} | {row['tokens']} | {row['forwards']} | "
             f"{row['tokens_per_forward']:.2f} | {row['finished_on_eos']}/4 | "
             f"{row['free_tokens_per_forward']:.2f} |")
-    env = result["environment"]
-    lines += ["", f"`{env['command']}`: torch {env['torch']}, vLLM {env['vllm']}, "
-              f"Python {env['python']}, on the CPU."]
+    versions = result["versions"]
+    lines += ["", f"`{result['command']}` ({result['date']}): torch "
+              f"{versions['torch']}, vLLM {versions['vllm']}, Python {versions['python']}, "
+              f"on the CPU."]
     return "\n".join(lines) + "\n"
 
 

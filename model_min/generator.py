@@ -508,7 +508,8 @@ class Generator:
         (wedlm_kernels.grammar): its grammar first accepts the tokens committed since the
         last walk. Reads the batch's window and outputs back (one transfer a step: a grammar
         runs on the host)."""
-        constrained = [i for i, r in enumerate(owners) if r is not None and r.grammar]
+        constrained = [i for i, r in enumerate(owners)
+                       if r is not None and r.grammar is not None]
         if not constrained:
             return None
         slots = state.win_tokens.shape[1]
@@ -522,7 +523,8 @@ class Generator:
         bitmask = torch.full((len(constrained) * rows_each, words), -1, dtype=torch.int32)
         batch = len(owners)
         windows: list[list[int] | None] = [None] * batch
-        decided, first_rows = [0] * batch, [0] * batch
+        plans: list[Any] = [None] * batch
+        first_rows = [0] * batch
         for order, i in enumerate(constrained):
             request = owners[i]
             out_len, win_len, finished = (int(v) for v in host[i, :3])
@@ -535,11 +537,11 @@ class Generator:
                 continue
             windows[i] = [-1] if ar else host[i, 3: 3 + min(win_len, slots)].tolist()
             first_rows[i] = order * rows_each
-            decided[i] = plan_window(request.grammar, windows[i], bitmask, first_rows[i],
-                                     str(request.index))
+            plans[i] = plan_window(request.grammar, windows[i], bitmask, first_rows[i],
+                                   str(request.index))
         # logit rows: AR one per sequence; a window step W per sequence, its masks in order
         base = list(range(batch)) if ar else [i * self.window for i in range(batch)]
-        return GrammarStep.build(windows, decided, first_rows, base, bitmask.numpy(),
+        return GrammarStep.build(windows, plans, first_rows, base, bitmask.numpy(),
                                  self._device)
 
     def _rows_for_step(self, state: BatchState) -> int | None:

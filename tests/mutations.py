@@ -886,6 +886,14 @@ VLLM_MUTATIONS += [
     ),
 ]
 VLLM_MUTATIONS.append(Mutation(
+    "vllm-async-windows-fetched-only-behind-a-deferral",
+    "wedlm_kernels/integrations/vllm/scheduler.py",
+    (("    install_async_reports()  #", "    #"),),
+    ("tests/vllm_plugin/test_vllm_async.py",), "a structured request vLLM's length bound "
+    "skips is walked from an older window, held every step, and stopped by the progress "
+    "guard", keyword="lone_structured",
+))
+VLLM_MUTATIONS.append(Mutation(
     "vllm-prompt-ids-unchecked-without-a-tokenizer",
     "wedlm_kernels/integrations/vllm/_register.py",
     (("    BaseRenderer.validate_token_ids = _validate_prompt_ids\n", ""),),

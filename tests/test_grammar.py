@@ -46,8 +46,7 @@ def test_an_empty_window_decides_the_forced_run_and_the_first_free_slot():
     # "1 2 3" or "1 2 4": 1 and 2 are forced, the third slot is a choice
     grammar = Choice([[1, 2, 3], [1, 2, 4]], END, VOCAB)
     rows = bitmask(6)
-    decided = plan_window(grammar, [-1] * 5, rows, 1)
-    assert decided == 3
+    assert plan_window(grammar, [-1] * 5, rows, 1) == (3, -1)
     table = rows.numpy()
     assert [allowed_of(table[1 + s]) for s in range(3)] == [{1}, {2}, {3, 4}]
     assert all((table[1 + s] == -1).all() for s in (3, 4))  # undecided: not constrained
@@ -58,11 +57,11 @@ def test_filled_slots_are_checked_in_order_and_a_rejected_one_ends_the_walk():
     grammar = Choice([[1, 2, 3, 5], [1, 6]], END, VOCAB)
     rows = bitmask(6)
     # slot 0 filled with 1 (accepted), slot 1 a mask (2 or 6), slot 2 filled: undecided
-    assert plan_window(grammar, [1, -1, 3, -1], rows, 0) == 2
+    assert plan_window(grammar, [1, -1, 3, -1], rows, 0) == (2, -1)
     assert allowed_of(rows.numpy()[1]) == {2, 6}
     # 1, 2 accepted; slot 2 holds 4, which the grammar rejects there: decided up to it,
     # with the mask of its place (3) in its row
-    assert plan_window(grammar, [1, 2, 4, -1, -1], rows, 0) == 3
+    assert plan_window(grammar, [1, 2, 4, -1, -1], rows, 0) == (3, 2)
     assert allowed_of(rows.numpy()[2]) == {3} and (rows.numpy()[3:5] == -1).all()
     assert grammar.tokens == []
 
@@ -70,7 +69,7 @@ def test_filled_slots_are_checked_in_order_and_a_rejected_one_ends_the_walk():
 def test_after_the_end_the_window_is_decided_and_free():
     grammar = Choice([[1]], END, VOCAB)
     rows = bitmask(4)
-    assert plan_window(grammar, [-1, -1, -1, -1], rows, 0) == 4  # 1, END forced; then free
+    assert plan_window(grammar, [-1, -1, -1, -1], rows, 0) == (4, -1)  # 1, END; then free
     table = rows.numpy()
     assert allowed_of(table[0]) == {1} and allowed_of(table[1]) == {END}
     assert (table[2:] == -1).all() and not grammar.terminated
@@ -81,13 +80,15 @@ def test_a_step_bans_masks_idles_undecided_rows_forces_and_remasks():
     grammar = Choice([[1, 2, 3], [1, 2, 4]], END, VOCAB)
     rows = bitmask(8)
     windows = [[-1, -1, -1, -1], None]
-    decided = [plan_window(grammar, windows[0], rows, 0), 0]
-    step = GrammarStep.build(windows, decided, [0, 0], [0, 4], rows.numpy(), "cpu")
+    plans = [plan_window(grammar, windows[0], rows, 0), None]
+    step = GrammarStep.build(windows, plans, [0, 0], [0, 4], rows.numpy(), "cpu",
+                             held_rows=[6])
+    assert step.idle_rows.tolist() == [6, 3]
     logits = torch.randn(8, VOCAB)
     before = logits.clone()
     row_pos = torch.arange(8)
     row_pos = step.mask_logits(logits, row_pos)
-    assert row_pos.tolist() == [0, 1, 2, -1, 4, 5, 6, 7]  # slot 3 is not decided
+    assert row_pos.tolist() == [0, 1, 2, -1, 4, 5, -1, 7]  # slot 3 undecided, row 6 held
     for row, allowed in enumerate([{1}, {2}, {3, 4}]):
         banned = [v for v in range(VOCAB) if v not in allowed]
         assert torch.isneginf(logits[row, banned]).all()
@@ -102,9 +103,9 @@ def test_a_filled_slot_the_grammar_rejects_is_masked_again_before_the_commit():
     grammar = Choice([[1, 2]], END, VOCAB)
     rows = bitmask(3)
     window = [1, 5, -1]
-    decided = plan_window(grammar, window, rows, 0)
-    assert decided == 2
-    step = GrammarStep.build([window], [decided], [0], [0], rows.numpy(), "cpu")
+    plan = plan_window(grammar, window, rows, 0)
+    assert plan == (2, 1)
+    step = GrammarStep.build([window], [plan], [0], [0], rows.numpy(), "cpu")
     tokens = torch.tensor([[1, 5, 0]])
     masks = torch.tensor([[False, False, True]])
     step.remask(tokens, masks, 99)
@@ -117,12 +118,34 @@ def test_a_row_the_rules_leave_empty_takes_back_the_grammars_tokens():
     rows = bitmask(1)
     step = GrammarStep.build([[-1]], [plan_window(grammar, [-1], rows, 0)], [0], [0],
                              rows.numpy(), "cpu")
+    assert step.sampled_bounds.tolist() == [0, 1]
     logits = torch.randn(1, VOCAB)
     raw = logits[0, END].item()
     step.mask_logits(logits, torch.zeros(1, dtype=torch.int64))
     logits[0, END] = -math.inf  # a rule bans the only token the grammar allows
     step.restore_dead_rows(logits)
     assert logits[0, END].item() == raw and torch.isneginf(logits[0, :END]).all()
+
+
+class Inconsistent(Choice):
+    """A broken grammar: its masks allow ``refused``, its accept_tokens refuses it."""
+
+    def __init__(self, *args, refused: int) -> None:
+        super().__init__(*args)
+        self.refused = refused
+
+    def accept_tokens(self, request_id, tokens):
+        return self.refused not in tokens and super().accept_tokens(request_id, tokens)
+
+
+def test_a_grammar_whose_mask_and_acceptance_disagree_never_gets_a_refused_token():
+    rows = bitmask(4)
+    # a filled slot the mask allows and accept_tokens refuses is masked again
+    grammar = Inconsistent([[1, 2, 3]], END, VOCAB, refused=2)
+    assert plan_window(grammar, [1, 2, -1, -1], rows, 0) == (2, 1)
+    # a forced token it refuses is not decided, so never sampled
+    assert plan_window(grammar, [1, -1, -1, -1], rows, 0) == (1, -1)
+    assert grammar.tokens == []
 
 
 CHOICES = [list(b"positive"), list(b"negative"), list(b"neutral")]

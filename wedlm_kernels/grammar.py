@@ -31,7 +31,7 @@ set iff token ``v`` is allowed), the layout :func:`wedlm_kernels.process_logits`
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -69,8 +69,16 @@ def only_token(row: np.ndarray) -> int | None:
     return word * 32 + int(words[word]).bit_length() - 1
 
 
+class WindowPlan(NamedTuple):
+    """What :func:`plan_window` concluded: slots ``0 .. decided - 1`` are decided;
+    ``rejected`` is the filled slot the grammar rejects (masked again by the step), or -1."""
+
+    decided: int
+    rejected: int
+
+
 def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
-                first_row: int, request_id: str = "") -> int:
+                first_row: int, request_id: str = "") -> WindowPlan:
     """Walk one window (rule 1 of the module docstring) and return its decided slots.
 
     Parameters
@@ -88,16 +96,18 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
 
     Returns
     -------
-    int
-        ``decided``: slots ``0 .. decided - 1`` are decided.
+    WindowPlan
+        ``(decided, rejected)``. A forced token the grammar then refuses (its mask and its
+        ``accept_tokens`` disagree: a broken grammar) is not decided, so it is not sampled.
 
     Example: with a grammar for the string ``"ab"`` over byte tokens, an empty window of
     three masks decides all three (``a``, ``b`` and the end are forced)::
 
-        decided = plan_window(grammar, [-1, -1, -1], bitmask, 0)   # 3
+        plan_window(grammar, [-1, -1, -1], bitmask, 0)   # WindowPlan(decided=3, rejected=-1)
     """
     rows = bitmask.numpy()
     decided = unconstrained_from = len(window)
+    rejected = -1
     advanced = 0
     try:
         for slot, token in enumerate(window):
@@ -112,17 +122,21 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
                     advanced += 1
                     continue
                 decided = unconstrained_from = slot + 1  # rejected: masked again
+                rejected = slot
                 break
             forced = only_token(rows[row])
-            if forced is None or not grammar.accept_tokens(request_id, [forced]):
+            if forced is None:
                 decided = unconstrained_from = slot + 1
+                break
+            if not grammar.accept_tokens(request_id, [forced]):
+                decided = unconstrained_from = slot
                 break
             advanced += 1
         rows[first_row + unconstrained_from: first_row + len(window)] = ALL_ALLOWED
     finally:
         if advanced:
             grammar.rollback(advanced)
-    return decided
+    return WindowPlan(decided, rejected)
 
 
 @dataclass
@@ -132,8 +146,8 @@ class GrammarStep:
 
     ``sampled_rows`` [n] int64: logit rows of decided mask slots; ``masks`` [n, words]
     int32: their token masks; ``idle_rows`` [m] int64: logit rows of undecided mask slots of
-    constrained sequences; ``remask_sequence``, ``remask_slot`` [k] int64: filled slots the
-    grammar rejects.
+    constrained sequences (and of held ones); ``remask_sequence``, ``remask_slot`` [k]
+    int64: filled slots the grammar rejects.
     """
 
     sampled_rows: torch.Tensor
@@ -141,50 +155,47 @@ class GrammarStep:
     idle_rows: torch.Tensor
     remask_sequence: torch.Tensor
     remask_slot: torch.Tensor
+    sampled_bounds: torch.Tensor  # [2] int32: [0, n], the sampled rows as one sequence
     _saved: torch.Tensor | None = None
 
     @staticmethod
-    def build(windows: Sequence[Sequence[int] | None], decided: Sequence[int],
+    def build(windows: Sequence[Sequence[int] | None], plans: Sequence[WindowPlan | None],
               first_rows: Sequence[int], mask_row_base: Sequence[int], bitmask: np.ndarray,
-              device: torch.device | str) -> "GrammarStep":
+              device: torch.device | str, held_rows: Sequence[int] = ()) -> "GrammarStep":
         """The step of a batch: ``windows[b]`` is the window sequence ``b`` is fed (as for
-        :func:`plan_window`; None: not constrained), ``decided[b]`` and ``first_rows[b]``
-        its walk, ``mask_row_base[b]`` the logit row of its first mask slot (its mask slots'
-        rows follow in logical order), ``bitmask`` the rows the walks filled."""
-        sampled, grammar_rows, idle, remask = [], [], [], []
+        :func:`plan_window`; None: not constrained), ``plans[b]`` and ``first_rows[b]`` its
+        walk, ``mask_row_base[b]`` the logit row of its first mask slot (its mask slots'
+        rows follow in logical order), ``bitmask`` the rows the walks filled; ``held_rows``:
+        more logit rows not to sample (a constrained sequence without a walk this step).
+        Every index reaches the device in one pinned, asynchronous copy."""
+        sampled, grammar_rows, idle, remask = [], [], list(held_rows), []
         for b, window in enumerate(windows):
             if window is None:
                 continue
+            decided, rejected = plans[b]
             masks_seen = 0
             for slot, token in enumerate(window):
                 if token < 0:
                     row = mask_row_base[b] + masks_seen
                     masks_seen += 1
-                    if slot < decided[b]:
+                    if slot < decided:
                         sampled.append(row)
                         grammar_rows.append(first_rows[b] + slot)
                     else:
                         idle.append(row)
-                elif slot < decided[b] and not token_allowed(bitmask[first_rows[b] + slot],
-                                                             token):
-                    remask.append((b, slot))
+            if rejected >= 0:
+                remask.append((b, rejected))
+        pinned = torch.device(device).type == "cuda"
 
         def tensor(values, dtype=torch.int64) -> torch.Tensor:
             host = torch.as_tensor(np.asarray(values, dtype=np.int64)).to(dtype)
-            if torch.device(device).type == "cuda":
-                host = host.pin_memory()
-            return host.to(device, non_blocking=True)
+            return (host.pin_memory() if pinned else host).to(device, non_blocking=True)
 
         masks = tensor(bitmask[grammar_rows] if grammar_rows else
                        np.zeros((0, bitmask.shape[1]), dtype=np.int32), torch.int32)
         pairs = np.asarray(remask, dtype=np.int64).reshape(-1, 2)
         return GrammarStep(tensor(sampled), masks, tensor(idle), tensor(pairs[:, 0]),
-                           tensor(pairs[:, 1]))
-
-    @property
-    def empty(self) -> bool:
-        return self.sampled_rows.numel() == 0 and self.idle_rows.numel() == 0 and (
-            self.remask_slot.numel() == 0)
+                           tensor(pairs[:, 1]), tensor([0, len(sampled)], torch.int32))
 
     def mask_logits(self, logits: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
         """Before the request rules: ban what each decided slot's mask does not allow (in
@@ -197,12 +208,11 @@ class GrammarStep:
             masks = self.masks[:, :words]
             if masks.shape[1] < words:  # tokens past the grammar's vocabulary: banned
                 masks = torch.nn.functional.pad(masks, (0, words - masks.shape[1]))
-            count = rows.numel()
+            # the masks alone: one sequence of the sampled rows, every row valid
             process_logits(
-                decided, torch.tensor([0, count], dtype=torch.int32, device=logits.device),
-                torch.zeros(count, dtype=torch.int64, device=logits.device),
-                torch.zeros(1, dtype=torch.int32, device=logits.device),
-                torch.ones(1, dtype=torch.float32, device=logits.device),
+                decided, self.sampled_bounds, rows.new_zeros(rows.shape),
+                self.sampled_bounds.new_zeros(1),
+                self.sampled_bounds.new_ones(1, dtype=torch.float32),
                 token_bitmask=masks.contiguous())
             logits.index_copy_(0, rows, decided)
             self._saved = decided
@@ -230,6 +240,5 @@ class GrammarStep:
         """Before the commit: the filled slots the grammar rejects become masks again."""
         if self.remask_slot.numel():
             index = (self.remask_sequence, self.remask_slot)
-            win_tokens.index_put_(index, torch.tensor(mask_id, dtype=win_tokens.dtype,
-                                                      device=win_tokens.device))
-            win_mask.index_put_(index, torch.tensor(True, device=win_mask.device))
+            win_tokens.index_put_(index, win_tokens.new_full((), mask_id))
+            win_mask.index_put_(index, win_mask.new_ones(()))

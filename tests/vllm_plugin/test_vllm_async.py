@@ -16,6 +16,7 @@ import pytest
 import vllm
 from vllm import SamplingParams
 from vllm.platforms import current_platform
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler, DiffusionScheduler
 
 import model_min
@@ -171,3 +172,16 @@ def test_structured_outputs_equal_model_min_under_asynchronous_scheduling(
         assert [tokens for tokens, _, _ in got] == [
             tokens for tokens, _, _ in reference_generate(reference, PROMPTS, wanted)]
         assert all(t[-1] == EOS and valid(case, text(t[:-1])) for t, _, _ in got)
+
+
+def test_a_lone_structured_request_decodes_up_to_max_model_len(async_engine, reference):
+    """Near max_model_len vLLM's length bound skips a request while its step is in flight,
+    so its next step is not deferred; the window is fetched after every step anyway, so the
+    request is walked from its window and runs to the limit (it never ends on eos)."""
+    prompt = PROMPTS[1]
+    served = SamplingParams(max_tokens=MAX_MODEL_LEN - len(prompt), temperature=0,
+                            structured_outputs=StructuredOutputsParams(regex="[ab]{1000}"))
+    [output] = async_engine.generate([{"prompt_token_ids": prompt}], served, use_tqdm=False)
+    tokens = list(output.outputs[0].token_ids)
+    assert len(tokens) == MAX_MODEL_LEN - len(prompt) and set(tokens) <= {ord("a"), ord("b")}
+    assert output.outputs[0].finish_reason == "length"

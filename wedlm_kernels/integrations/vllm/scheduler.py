@@ -31,7 +31,7 @@ from vllm.v1.core.sched.diffusion_scheduler import (
 )
 
 from .live_canvas import PATCHED_VERSIONS, is_patched_version
-from .structured import StructuredWindows
+from .structured import StructuredWindows, install_async_reports
 
 logger = init_logger(__name__)
 
@@ -85,4 +85,5 @@ def make_scheduler(*args: Any, **kwargs: Any) -> DiffusionScheduler:
             "4W positions before max_model_len (docs/vllm.md)",
             list(PATCHED_VERSIONS), vllm.__version__)
         return DiffusionAsyncScheduler(*args, **kwargs)
+    install_async_reports()  # the structured requests' windows after every step
     return WeDLMAsyncScheduler(*args, **kwargs)

@@ -34,7 +34,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
 from wedlm_kernels import request_params as rp
-from wedlm_kernels.grammar import GrammarStep
+from wedlm_kernels.grammar import GrammarStep, WindowPlan
 from wedlm_kernels.request_params import (
     FLOAT32_MAX,
     INT32_MAX,
@@ -554,20 +554,26 @@ class WeDLMModelState(DefaultModelState):
             self._host_events[latest].synchronize()  # before the step's output copy: landed
         counts = self._host_views[latest, :, 0]
         windows = self._host_window[latest].numpy()
-        lists = []
-        for request_id, tokens in zip(drafts.req_ids, drafts.draft_token_ids):
+        width = self.settings.canvas_length
+        req_ids, lists = list(drafts.req_ids), []
+        # every structured request's window, in the step's batch or not (one vLLM's length
+        # bound skipped is walked from its window after its last step)
+        req_ids += [self._request_of[slot] for slot in np.flatnonzero(self._structured)
+                    if self._request_of[slot] not in set(drafts.req_ids)]
+        for index, request_id in enumerate(req_ids):
+            tokens = drafts.draft_token_ids[index] if index < len(drafts.req_ids) else None
             slot = self._slot_of.get(request_id)
             if slot is None:
                 lists.append(tokens)
                 continue
-            rows = min(len(tokens), max(1, int(counts[slot]))) if self.live_canvas else len(
-                tokens)
+            asked = width if tokens is None else len(tokens)
+            rows = min(asked, max(1, int(counts[slot]))) if self.live_canvas else asked
             if self._structured[slot]:
                 live = min(int(counts[slot]), rows)
                 lists.append(windows[slot, :live].tolist() + [-1] * (rows - live))
             else:
                 lists.append([-1] * rows)
-        return type(drafts)(drafts.req_ids, lists)
+        return type(drafts)(req_ids, lists)
 
     def owns_batch(self, input_batch) -> bool:
         """Whether ``input_batch`` is the batch this state prepared for the step now being
@@ -584,12 +590,21 @@ class WeDLMModelState(DefaultModelState):
         does for them, and the batch indices of requests held this step (their fed window
         is not the one the scheduler walked: they commit nothing and are walked again)."""
         taken, self._grammar = self._grammar, None
-        if taken is None:
-            return None, []
-        req_ids, bitmask = taken
         num_reqs, width = input_batch.num_reqs, self.settings.canvas_length
-        index_of = {req_id: i for i, req_id in enumerate(input_batch.req_ids[:num_reqs])}
         cu_logits = input_batch.cu_num_logits_np[: num_reqs + 1]
+        slots_np = input_batch.idx_mapping_np[:num_reqs]
+        # a structured request with logit rows but no grammar rows (not reachable with the
+        # plugin's scheduler) is held, never sampled without its grammar
+        req_ids, bitmask = taken if taken is not None else ([], None)
+        walked = set(req_ids)
+        unwalked = [b for b in range(num_reqs) if self._structured[slots_np[b]]
+                    and cu_logits[b + 1] > cu_logits[b]
+                    and input_batch.req_ids[b] not in walked]
+        if taken is None:
+            return (GrammarStep.build([], [], [], [], np.zeros((0, 1), np.int32), self.device,
+                                      held_rows=self._rows_of(unwalked, cu_logits))
+                    if unwalked else None), unwalked
+        index_of = {req_id: i for i, req_id in enumerate(input_batch.req_ids[:num_reqs])}
         latest = 1 - self._host_turn  # the copy of the previous sampler call: the fed window
         if self._host_events[latest] is not None:
             self._host_events[latest].synchronize()  # its output was taken: landed
@@ -597,23 +612,31 @@ class WeDLMModelState(DefaultModelState):
         batch_rows = [int(cu_logits[index_of[r] + 1] - cu_logits[index_of[r]]) for r in req_ids]
         meta = bitmask[sum(batch_rows):]
         fed: list[list[int] | None] = [None] * num_reqs
-        decided, first_rows, mask_row_base = [0] * num_reqs, [0] * num_reqs, [0] * num_reqs
-        held, first_row = [], 0
+        plans: list[WindowPlan | None] = [None] * num_reqs
+        first_rows, mask_row_base = [0] * num_reqs, [0] * num_reqs
+        held, first_row = list(unwalked), 0
         for i, (req_id, rows) in enumerate(zip(req_ids, batch_rows)):
             b = index_of[req_id]
-            slot = int(input_batch.idx_mapping_np[b])
-            walked, key = structured.unpack_decided(int(meta[i, 0]), width)
+            slot = int(slots_np[b])
+            decided, rejected, key = (int(v) for v in meta[i, :structured.PLAN_WORDS])
             live = min(int(counts[slot]), rows, width)
             window = windows[slot, :live].tolist()
             if structured.window_key(window + [-1] * (rows - live)) != key:
                 held.append(b)
             else:
-                fed[b], decided[b], first_rows[b] = window, walked, first_row
+                fed[b], plans[b] = window, WindowPlan(decided, rejected)
+                first_rows[b] = first_row
                 mask_row_base[b] = int(cu_logits[b]) + sum(t >= 0 for t in window)
             first_row += rows
-        step = GrammarStep.build(fed, decided, first_rows, mask_row_base, bitmask,
-                                 self.device)
+        step = GrammarStep.build(fed, plans, first_rows, mask_row_base, bitmask, self.device,
+                                 held_rows=self._rows_of(held, cu_logits))
         return step, held
+
+    @staticmethod
+    def _rows_of(batch_indices: list[int], cu_logits: np.ndarray) -> list[int]:
+        """The logit rows of the given requests of the batch."""
+        return [row for b in batch_indices for row in range(int(cu_logits[b]),
+                                                             int(cu_logits[b + 1]))]
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         self._check_progress()
@@ -812,8 +835,11 @@ class WeDLMSampler:
         state._step = None
         slots, live_len, row_pos = step["slots"], step["live_len"], step["row_pos"]
         if held:  # not touched this step (commit_window skips a window of 0 live slots)
+            held_index = torch.tensor(held, dtype=torch.int64)
+            if live_len.is_cuda:
+                held_index = held_index.pin_memory()
             live_len = live_len.index_fill(
-                0, torch.tensor(held, device=live_len.device), 0)
+                0, held_index.to(live_len.device, non_blocking=True), 0)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
             return buffer.index_select(0, slots)

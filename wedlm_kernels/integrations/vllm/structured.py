@@ -12,14 +12,19 @@ Where each piece runs:
   cut the list at the first ``-1``, leaving the request no rows), and builds the step's
   ``GrammarOutput`` itself: per request one mask row per scheduled row, the window's slots
   in logical order, walked by :func:`wedlm_kernels.grammar.plan_window` from the grammar
-  vLLM advanced with the committed tokens, then one row per request whose first word
-  carries its decided slots and a 20-bit key of the window walked (:func:`pack_decided`);
+  vLLM advanced with the committed tokens, then one row per request whose first words
+  carry the walk's conclusion and a 32-bit key of the window walked (:func:`plan_words`);
 - worker, at sampling: vLLM's ``StructuredOutputsWorker.apply_grammar_bitmask`` (which
   would apply row ``i`` to a request's ``i``-th logit row, while WeDLM's canvas puts the
   filled slots' rows first) hands the rows to the WeDLM state instead (:func:`install`),
   whose sampler maps them to mask slots. A request whose fed window is not the one walked
-  (its key differs: a report that did not arrive before the step under asynchronous
-  scheduling, a resumed window) commits nothing that step and is walked again after it.
+  (its key differs: a report that did not arrive before the step, a resumed window)
+  commits nothing that step and is walked again after it;
+- engine core, under asynchronous scheduling: vLLM fetches the drafts only when it defers
+  a structured request's sampling behind a step in flight, so after every step the plugin
+  fetches the windows too (:func:`install_async_reports`; ``next_canvas`` reports every
+  structured slot), and a request vLLM's length bound makes skip a step is walked from its
+  window after its last step, not an older one.
 
 vLLM then accepts the committed tokens into the grammar as for any request. Written for
 the vLLM releases of :data:`live_canvas.PATCHED_VERSIONS`.
@@ -30,32 +35,27 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from vllm.v1.core.sched.diffusion_scheduler import diffusion_canvas_width
 
-from wedlm_kernels.grammar import plan_window
+from wedlm_kernels.grammar import WindowPlan, plan_window
 
-KEY_BITS = 20
+PLAN_WORDS = 3  # decided, rejected, window key: a mask row holds them from 96 tokens up
 
 
 def window_key(window: Sequence[int]) -> int:
-    """A 20-bit key of a reported window (trailing masks dropped: the fixed canvas pads
-    the report with masks the live window does not hold)."""
+    """A 32-bit key of a reported window, as an int32 (trailing masks dropped: the fixed
+    canvas pads the report with masks the live window does not hold)."""
     end = len(window)
     while end and window[end - 1] < 0:
         end -= 1
-    data = np.asarray(window[:end], dtype=np.int64).tobytes()
-    return zlib.crc32(data) & ((1 << KEY_BITS) - 1)
+    key = zlib.crc32(np.asarray(window[:end], dtype=np.int64).tobytes())
+    return key - (1 << 32) if key >= 1 << 31 else key
 
 
-def pack_decided(decided: int, window: Sequence[int], slots: int) -> int:
-    """What ``num_acceptable_drafts`` carries for a request: its decided slots and its
-    window's key (``decided <= slots``; the value stays below 2**31, int32 in vLLM)."""
-    return decided + (slots + 1) * window_key(window)
-
-
-def unpack_decided(value: int, slots: int) -> tuple[int, int]:
-    """``(decided, key)`` of :func:`pack_decided`."""
-    return value % (slots + 1), value // (slots + 1)
+def plan_words(plan: WindowPlan, window: Sequence[int]) -> list[int]:
+    """A request's metadata row's first words: the walk's conclusion and its window's key."""
+    return [plan.decided, plan.rejected, window_key(window)]
 
 
 class StructuredWindows:
@@ -74,7 +74,7 @@ class StructuredWindows:
         windows, taken = self._wedlm_windows(), set()
         for req_id, tokens in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
             request = self.requests.get(req_id)
-            if request is None or not request.use_structured_output:
+            if request is None or request.is_finished() or not request.use_structured_output:
                 continue
             windows[req_id] = list(tokens)
             taken.add(req_id)
@@ -119,20 +119,26 @@ class StructuredWindows:
         manager = self.structured_output_manager
         rows = sum(len(scheduled[req_id]) for req_id in ids)
         bitmask = manager.backend.allocate_token_bitmask(rows + len(ids))
-        windows, decided_slots, first_row = self._wedlm_windows(), [], 0
+        windows, counts, first_row = self._wedlm_windows(), [], 0
         for req_id in ids:
             count = len(scheduled[req_id])
             # the reported window, as many slots as rows (masks when none arrived: a
             # fresh window; the worker checks the key)
             window = (windows.get(req_id, []) + [-1] * count)[:count]
             grammar = self.requests[req_id].structured_output_request.grammar
-            decided = plan_window(grammar, window, bitmask, first_row, req_id)
-            bitmask[rows + len(decided_slots)] = 0
-            bitmask[rows + len(decided_slots), 0] = pack_decided(decided, window,
-                                                                 self.num_spec_tokens)
-            decided_slots.append(decided)
+            plan = plan_window(grammar, window, bitmask, first_row, req_id)
+            meta = bitmask[rows + len(counts)]
+            meta.fill_(0)
+            meta[:PLAN_WORDS] = torch.tensor(plan_words(plan, window), dtype=meta.dtype)
+            counts.append(count)
             first_row += count
-        return GrammarOutput(ids, bitmask.numpy(), decided_slots)
+        # (num_acceptable_drafts: every row, so that vLLM's grammar_invalid_drafts, which
+        # only WeDLM's absent rejection sampler would read, returns at once)
+        return GrammarOutput(ids, bitmask.numpy(), counts)
+
+    def wants_window_reports(self) -> bool:
+        """Whether a structured request runs (install_async_reports fetches windows)."""
+        return any(request.use_structured_output for request in self.running)
 
     def _free_request(self, request: Any, *args, **kwargs):
         self._wedlm_windows().pop(request.request_id, None)
@@ -141,7 +147,6 @@ class StructuredWindows:
 
 # ------------------------------------------------------------------------ the worker side
 
-_EXPECTED_NAMES = ("async_tensor_h2d",)  # what the wrapped method was read to call
 _states: "list[Any]" = []  # the WeDLM model states of this process (weak enough: one engine)
 
 
@@ -155,7 +160,8 @@ def register(state: Any) -> None:
 
 
 def install() -> None:
-    """Wrap ``StructuredOutputsWorker.apply_grammar_bitmask`` (idempotent): a batch a
+    """Wrap ``StructuredOutputsWorker.apply_grammar_bitmask`` (idempotent; the model state
+    installs it on the vLLM releases of ``live_canvas.PATCHED_VERSIONS`` only): a batch a
     WeDLM state prepared hands its grammar output to that state, others are vLLM's."""
     from vllm.v1.worker.gpu.structured_outputs import StructuredOutputsWorker
 
@@ -174,3 +180,29 @@ def install() -> None:
     apply_grammar_bitmask._wedlm_original = method
     apply_grammar_bitmask.__doc__ = method.__doc__
     StructuredOutputsWorker.apply_grammar_bitmask = apply_grammar_bitmask
+
+
+def install_async_reports() -> None:
+    """Wrap ``EngineCore.post_step`` (idempotent; in the engine core process, by the
+    plugin's asynchronous scheduler): after each step, while a structured request runs,
+    fetch the workers' window reports as synchronous scheduling does (vLLM's asynchronous
+    loop fetches drafts only behind a deferred sampling), so the scheduler walks every
+    structured request from its window after its last step."""
+    from vllm.v1.engine.core import EngineCore
+
+    method = EngineCore.post_step
+    if getattr(method, "_wedlm_original", None) is not None:
+        return
+
+    def post_step(self, model_executed: bool) -> None:
+        method(self, model_executed)
+        scheduler = self.scheduler
+        if (getattr(self, "async_scheduling", False) and isinstance(scheduler, StructuredWindows)
+                and scheduler.wants_window_reports()):
+            reports = self.model_executor.take_draft_token_ids()
+            if reports is not None:
+                scheduler._take_reports(reports)
+
+    post_step._wedlm_original = method
+    post_step.__doc__ = method.__doc__
+    EngineCore.post_step = post_step

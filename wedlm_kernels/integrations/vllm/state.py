@@ -61,7 +61,8 @@ BUFFER_SOURCES = {
     "threshold": "entropy_threshold", "penalty": "distance_penalty", "seed": "seed",
     "block_window": "window", "request_window": "window", "stalled": "loop", "forwards": "loop", "rows": "loop",
     "row_counts": "loop", "_int64": "loop", "_int32": "loop", "_float32": "loop",
-    "_bool": "loop", "_host_int32": "loop", "_saved": "loop", "_window_columns": "loop",
+    "_bool": "loop", "_host_int32": "loop", "_host_window": "loop", "_saved": "loop",
+    "_window_columns": "loop",
     "_kept_columns": "loop",
     # the logit rules (wk.process_logits); output_counts, prompt_mask and allowed_mask are
     # allocated when the first request that uses them arrives

@@ -559,8 +559,9 @@ class WeDLMModelState(DefaultModelState):
         req_ids, lists = list(drafts.req_ids), []
         # every structured request's window, in the step's batch or not (one vLLM's length
         # bound skipped is walked from its window after its last step)
+        listed = set(drafts.req_ids)
         req_ids += [self._request_of[slot] for slot in np.flatnonzero(self._structured)
-                    if self._request_of[slot] not in set(drafts.req_ids)]
+                    if self._request_of[slot] not in listed]
         for index, request_id in enumerate(req_ids):
             tokens = drafts.draft_token_ids[index] if index < len(drafts.req_ids) else None
             slot = self._slot_of.get(request_id)

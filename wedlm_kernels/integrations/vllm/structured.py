@@ -80,29 +80,29 @@ class StructuredWindows:
             taken.add(req_id)
         return taken
 
-    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
-        taken = self._take_reports(draft_token_ids)
-        for req_id in taken:  # sized as any request's canvas is, never validated
-            request = self.requests[req_id]
-            if request.is_finished():
-                continue
-            width = diffusion_canvas_width(request, self.num_spec_tokens)
-            count = 0 if request.is_prefill_chunk else len(self._wedlm_windows()[req_id])
-            request.spec_token_ids = [-1] * min(count, width)
+    @staticmethod
+    def _drop(draft_token_ids: Any, taken: set[str]) -> Any:
+        """``draft_token_ids`` without the requests in ``taken`` (in place)."""
         kept = [(i, t) for i, t in zip(draft_token_ids.req_ids,
                                       draft_token_ids.draft_token_ids) if i not in taken]
         draft_token_ids.req_ids = [i for i, _ in kept]
         draft_token_ids.draft_token_ids = [t for _, t in kept]
-        super().update_draft_token_ids(draft_token_ids)
+        return draft_token_ids
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        taken = self._take_reports(draft_token_ids)  # (none of them finished)
+        for req_id in taken:  # sized as any request's canvas is, never validated
+            request = self.requests[req_id]
+            width = diffusion_canvas_width(request, self.num_spec_tokens)
+            count = 0 if request.is_prefill_chunk else len(self._wedlm_windows()[req_id])
+            request.spec_token_ids = [-1] * min(count, width)
+        super().update_draft_token_ids(self._drop(draft_token_ids, taken))
 
     def update_draft_token_ids_in_output(self, draft_token_ids: Any, scheduler_output: Any
                                          ) -> None:
         taken = self._take_reports(draft_token_ids)  # their scheduled rows stay as they are
-        kept = [(i, t) for i, t in zip(draft_token_ids.req_ids,
-                                      draft_token_ids.draft_token_ids) if i not in taken]
-        draft_token_ids.req_ids = [i for i, _ in kept]
-        draft_token_ids.draft_token_ids = [t for _, t in kept]
-        super().update_draft_token_ids_in_output(draft_token_ids, scheduler_output)
+        super().update_draft_token_ids_in_output(self._drop(draft_token_ids, taken),
+                                                 scheduler_output)
 
     def get_grammar_bitmask(self, scheduler_output: Any) -> Any:
         from vllm.v1.core.sched.output import GrammarOutput

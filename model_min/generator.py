@@ -27,6 +27,15 @@ import torch
 import wedlm_kernels as wk
 from wedlm_kernels import request_params as rp
 from wedlm_kernels.grammar import GrammarStep, plan_window
+from wedlm_kernels.logprobs import (
+    Logprob,
+    Records,
+    check_mode,
+    empty_store,
+    keep_filled,
+    position_logprobs,
+    row_records,
+)
 
 from .cache import slot_mapping_for
 from .config import is_integer
@@ -95,6 +104,10 @@ class SamplingParams:
     # masks over the model's vocabulary), called once per request; every output then
     # parses (docs/contracts.md, "Structured outputs").
     grammar: Callable[[], Any] | None = None
+    # Log-probabilities of the committed tokens (docs/contracts.md, "Logprobs"): None, or
+    # how many of the most likely tokens each position also lists (0 .. 64; -1: the whole
+    # vocabulary, when it has at most 64 tokens). Result.logprobs holds them.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def name(field: str) -> str:
@@ -118,6 +131,7 @@ class SamplingParams:
         self.logit_bias = dict(bias) if bias else None
         self.allowed_token_ids = rp.allowed_token_ids(self.allowed_token_ids,
                                                       name("allowed_token_ids"))
+        self.logprobs = rp.logprobs(self.logprobs, name("logprobs"))
         if self.grammar is not None and not callable(self.grammar):
             raise rp.ParameterTypeError(
                 f"{name('grammar')} must be a function returning a grammar, got "
@@ -140,6 +154,9 @@ class Result:
     p_cache: float  # generated tokens / rows (paper Eq. 4)
     seed: int  # the seed used (drawn when SamplingParams.seed was None)
     text: str | None = None  # decoded token_ids when the Generator has a tokenizer
+    # with SamplingParams.logprobs: per token, its entry and the most likely tokens' of
+    # the distribution its slot was filled from (as vLLM's SampleLogprobs, without text)
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass
@@ -229,6 +246,7 @@ class Generator:
         seed: int | None = None,
         poll_every: int = 4,
         cuda_graph: bool = False,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
@@ -247,6 +265,7 @@ class Generator:
                                              or max_cache_tokens < 1):
             raise ValueError(f"max_cache_tokens must be a positive int or None, got "
                              f"{max_cache_tokens!r}")
+        self.logprobs_mode = check_mode(logprobs_mode)
         self.model = model
         self.window = window
         self.page_size = page_size
@@ -271,6 +290,7 @@ class Generator:
         self._widths: dict[str, int] = {}  # state widths S, T, K, P, ... of the current call
         self._rules: dict[str, bool] = {}  # the logit rules the current call uses
         self._grammars = False  # whether a request of the current call has a grammar
+        self._logprobs = False  # whether a request of the current call asks for logprobs
         self._device = model.device
         self._holding: list[_Request] = []  # admitted requests whose pages are not freed yet
 
@@ -312,6 +332,7 @@ class Generator:
         self._mode = mode
         self._rules = self._rules_of(requests)
         self._grammars = any(r.grammar is not None for r in requests)
+        self._logprobs = any(r.params.logprobs is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
             if self.graphs is not None:
@@ -379,6 +400,7 @@ class Generator:
             rp.logit_bias(p.logit_bias, f"prompt {index}: logit_bias", vocab)
             rp.allowed_token_ids(p.allowed_token_ids, f"prompt {index}: allowed_token_ids",
                                  vocab)
+            p.logprobs = rp.logprobs(p.logprobs, f"prompt {index}: logprobs", vocab)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
@@ -427,6 +449,9 @@ class Generator:
             "Kb": max(len(r.params.logit_bias or ()) for r in requests),
             "Vc": vocab if rules["penalties"] else 0,
             "Wa": rp.bitmask_words(vocab) if rules["allowed"] else 0,
+            # logprob records: -1 when no request of the call asks for logprobs
+            "Kl": max((r.params.logprobs for r in requests if r.params.logprobs is not None),
+                      default=-1),
         }
 
     @staticmethod
@@ -436,7 +461,8 @@ class Generator:
         used = [rp.logit_rules_used(r.params) for r in requests]
         return {rule: any(u[rule] for u in used) for rule in rp.LOGIT_RULES}
 
-    def _result(self, request: _Request, tokens: list[int], forwards: int, rows: int) -> Result:
+    def _result(self, request: _Request, tokens: list[int], forwards: int, rows: int,
+                logprobs: list[dict[int, Logprob]] | None = None) -> Result:
         stops = set(request.params.stop_token_ids)
         reason = "stop" if tokens and tokens[-1] in stops else "length"
         return Result(
@@ -448,6 +474,7 @@ class Generator:
             p_cache=len(tokens) / rows if rows else 0.0,
             seed=request.seed,
             text=self.tokenizer.decode(tokens) if self.tokenizer is not None else None,
+            logprobs=logprobs,
         )
 
     # ---------------------------------------------------------------- the host loop
@@ -587,12 +614,26 @@ class Generator:
         for i in done:
             request = owners[i]
             tokens = out_tokens[i][: out_len[i]]
-            results[request.index] = self._result(request, tokens, forwards[i], rows[i])
+            results[request.index] = self._result(request, tokens, forwards[i], rows[i],
+                                                  self._logprobs_of(state, i, request))
             self.cache.free(request.pages)
             self._holding.remove(request)
         if not done:
             return state, owners
         return self._compact(state, owners, [i for i in range(len(owners)) if not finished[i]])
+
+    @staticmethod
+    def _logprobs_of(state: BatchState, row: int, request: _Request
+                     ) -> list[dict[int, Logprob]] | None:
+        """A finished request's logprobs: the records its committed places hold."""
+        count = request.params.logprobs
+        if count is None:
+            return None
+        length = int(state.out_len[row])
+        ids = state.logprob_ids[row, :length].tolist()
+        values = state.logprob_values[row, :length].tolist()
+        ranks = state.logprob_ranks[row, :length].tolist()
+        return [position_logprobs(i, v, r, count) for i, v, r in zip(ids, values, ranks)]
 
     # ---------------------------------------------------------------- admission
 
@@ -637,6 +678,7 @@ class Generator:
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
             **self._admit_rules(requests),
+            **self._admit_logprobs(count),
         )
         if not any(r.prompt for r in requests):
             return state
@@ -647,6 +689,42 @@ class Generator:
             grammar = self._plan_grammar(state, requests) if self._grammars else None
             self._ar_commit(state, self.model.logits(last_hidden), live, grammar)
         return state
+
+    def _admit_logprobs(self, count: int) -> dict[str, torch.Tensor]:
+        """Empty logprob records of newly admitted requests: one place per output index,
+        and a spare (wedlm_kernels.logprobs); no place when the call asks for none."""
+        width = self._widths["Kl"]
+        if width < 0:
+            store = Records(torch.zeros((count, 0, 0), dtype=torch.int64, device=self._device),
+                            torch.zeros((count, 0, 0), device=self._device),
+                            torch.zeros((count, 0), dtype=torch.int64, device=self._device))
+        else:
+            store = empty_store(count, self._widths["T"], width, self._device)
+        return dict(logprob_ids=store.token_ids, logprob_values=store.logprobs,
+                    logprob_ranks=store.ranks)
+
+    def _logprob_source(self, logits: torch.Tensor, grammar: GrammarStep | None
+                        ) -> torch.Tensor | None:
+        """The logits a raw logprobs mode reads, taken before the logit rules change them
+        in place (a copy only when a rule or a grammar's restore may); None otherwise."""
+        if not self._logprobs or self.logprobs_mode.startswith("processed"):
+            return None
+        return logits.clone() if any(self._rules.values()) or grammar is not None else logits
+
+    def _keep_logprobs(self, s: BatchState, raw: torch.Tensor | None, logits: torch.Tensor,
+                       cu_rows: torch.Tensor, row_pos: torch.Tensor, token: torch.Tensor,
+                       filled: torch.Tensor) -> None:
+        """Keep the records of the rows that fill a slot at the slot's output index."""
+        if not self._logprobs:
+            return
+        records = row_records(raw if raw is not None else logits, token, self._widths["Kl"],
+                              self.logprobs_mode, cu_rows, s.temperature, s.top_k, s.top_p)
+        rows = torch.arange(row_pos.shape[0], device=self._device)
+        sequence = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
+            0, s.size - 1)
+        place = row_pos - s.output_start.long()[sequence]
+        keep_filled(Records(s.logprob_ids, s.logprob_values, s.logprob_ranks), records,
+                    sequence, place, filled)
 
     def _admit_rules(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
         """The logit rules' state of newly admitted requests (BatchState's fields)."""
@@ -760,6 +838,7 @@ class Generator:
                                device=self._device)
         if grammar is not None:
             row_pos = grammar.mask_logits(logits, row_pos)
+        raw = self._logprob_source(logits, grammar)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
             grammar.restore_dead_rows(logits)
@@ -770,6 +849,7 @@ class Generator:
         if grammar is not None:
             grammar.force_selected(selected)
             grammar.remask(s.win_tokens, s.win_mask, self.mask_token_id)
+        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, token, selected & (row_pos >= 0))
         if self.trace is not None and self.graphs is None:
             self.trace.append(self._snapshot(s, row_pos, logits))
         live = (s.win_len > 0) & ~s.finished
@@ -816,6 +896,7 @@ class Generator:
         cu_rows = torch.arange(batch + 1, dtype=torch.int32, device=self._device)
         if grammar is not None:
             grammar.mask_logits(logits, row_pos)
+        raw = self._logprob_source(logits, grammar)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
             grammar.restore_dead_rows(logits)
@@ -823,6 +904,7 @@ class Generator:
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
             torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,
         )
+        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, token, live & (row_pos >= 0))
         out_len_before = s.out_len.clone()
         index = s.out_len.long().clamp(max=s.out_tokens.shape[1] - 1)[:, None]
         current = s.out_tokens.gather(1, index)

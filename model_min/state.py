@@ -45,6 +45,9 @@ _PADDING = {
     "output_counts": 0,
     "prompt_mask": False,
     "allowed_mask": -1,
+    "logprob_ids": 0,
+    "logprob_values": -math.inf,
+    "logprob_ranks": 0,
 }
 
 
@@ -81,6 +84,12 @@ class BatchState:
     output_counts: torch.Tensor  # [B, V or 0] int32: committed outputs of each token
     prompt_mask: torch.Tensor  # [B, V or 0] bool: tokens of the prompt
     allowed_mask: torch.Tensor  # [B, ceil(V / 32) or 0] int32 bitmask (all ones: any token)
+    # Logprob records (wedlm_kernels.logprobs), one place per output index and a spare; no
+    # place when no request of the call asks for logprobs (T1 = T + 1 or 0, K = the most
+    # alternatives a request asks for).
+    logprob_ids: torch.Tensor  # [B, T1, 1 + K] int64: the token, then the most likely
+    logprob_values: torch.Tensor  # [B, T1, 1 + K] fp32
+    logprob_ranks: torch.Tensor  # [B, T1] int64: the token's rank
 
     @property
     def size(self) -> int:

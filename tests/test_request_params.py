@@ -50,6 +50,7 @@ def checked(field: str, value, **context):
         "allowed_token_ids": lambda v: rp.allowed_token_ids(v, "L",
                                                             context.get("vocab_size", VOCAB)),
         "n": lambda v: rp.n(v, "C"),
+        "logprobs": lambda v: rp.logprobs(v, "G", context.get("vocab_size", VOCAB)),
     }
     try:
         return checks[field](value)
@@ -80,7 +81,7 @@ def test_every_accepted_value_fits_its_buffer_and_every_refusal_names_the_field(
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if isinstance(result, ParameterError):
-        assert result.parameter in "WMTPXKQSNIAFRYZBLC"
+        assert result.parameter in "WMTPXKQSNIAFRYZBLCG"
         assert str(result).startswith(result.parameter)
     elif dtype is not None and result is not None:
         stores_in(dtype, result)

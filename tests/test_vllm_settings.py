@@ -149,7 +149,8 @@ def test_supported_parameters_pass_the_check():
 
 def test_the_logit_rules_and_n_are_served():
     served = dict(n=2, presence_penalty=0.1, frequency_penalty=-0.1, repetition_penalty=1.1,
-                  min_p=0.05, min_tokens=1, logit_bias={1: 1.0}, allowed_token_ids=[1])
+                  min_p=0.05, min_tokens=1, logit_bias={1: 1.0}, allowed_token_ids=[1],
+                  logprobs=5)
     for field, value in served.items():
         assert unsupported_parameters(params(**{field: value})) == [], field
 
@@ -166,6 +167,9 @@ def test_the_logit_rules_and_n_are_served():
     (dict(n=3, seed=2**63 - 2), "seed"),
     # ... and none of them -1, which vLLM reads as no seed
     (dict(n=3, seed=-3), "seed"), (dict(n=2, seed=-2), "seed"),
+    # at most 64 alternatives (and the vocabulary); -1 is the whole vocabulary of 264
+    (dict(logprobs=65), "logprobs"), (dict(logprobs=-1), "logprobs"),
+    (dict(logprobs=-2), "logprobs"), (dict(logprobs=False), "logprobs"),
 ])
 def test_the_request_check_names_a_bad_rule_value(fields, name):
     engine = engine_settings({"wedlm": {"window": 8}})
@@ -181,7 +185,8 @@ def test_the_request_check_names_a_bad_rule_value(fields, name):
 
 
 @pytest.mark.parametrize("fields, name", [
-    (dict(logprobs=0), "logprobs"), (dict(prompt_logprobs=0), "prompt_logprobs"),
+    (dict(logprob_token_ids=[3]), "logprob_token_ids"),
+    (dict(prompt_logprobs=0), "prompt_logprobs"),
     (dict(bad_words=["x"]), "bad_words"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),

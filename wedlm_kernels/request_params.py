@@ -38,6 +38,9 @@ returns the value as it is stored in the device buffer that holds it
                                   in the vocabulary
     n                  -          integer >= 1 (vLLM: > 1 needs a
                                   temperature > 0)
+    logprobs           -          None or integer 0 .. min(64,     -1: the vocabulary (when it
+                                  vocabulary)                      has at most 64 tokens);
+                                                                   True: 1 (vLLM's reading)
 
 A boolean is never a number here (``True`` is not the integer 1), with one exception
 that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k``,
@@ -104,6 +107,9 @@ FIELDS = {
                           "(stored as a bitmask of 32 tokens a word)"),
     "n": (None, "an integer >= 1 (sequences per request; vLLM needs a temperature > 0 for "
           "n > 1)"),
+    "logprobs": (None, "None or an integer from 0 to 64 and at most the vocabulary (the "
+                 "alternatives listed per token); -1 means the whole vocabulary when it has "
+                 "at most 64 tokens, True means 1 (vLLM's readings)"),
 }
 
 
@@ -410,6 +416,36 @@ def n(value: Any, name: str) -> int:
     what = "an integer >= 1"
     result = _integer(value, name, what)
     if result < 1:
+        _fail(name, what, value)
+    return result
+
+
+# The most alternatives a request's logprobs may ask for (wedlm_kernels.logprobs keeps a
+# record of 1 + this many columns per window slot until the slot commits).
+MAX_LOGPROBS = 64
+
+
+def logprobs(value: Any, name: str, vocab_size: int | None = None) -> int | None:
+    """The alternatives a request's logprobs return per token: None (no logprobs) or an
+    integer from 0 (the chosen token's only) to 64 and the vocabulary size. vLLM's ``-1``
+    (the whole vocabulary) is refused unless the vocabulary has at most 64 tokens (without
+    ``vocab_size`` it is returned as -1, to be checked once the vocabulary is known);
+    ``True`` is 1, as vLLM reads it."""
+    if value is None:
+        return None
+    if value is True:  # vLLM's SamplingParams reads True as 1
+        return 1
+    most = MAX_LOGPROBS if vocab_size is None else min(MAX_LOGPROBS, vocab_size)
+    what = f"None or an integer from 0 to {most}"
+    result = _integer(value, name, what)
+    if result == -1:  # vLLM's "the whole vocabulary"
+        if vocab_size is None:
+            return -1  # mapped when the vocabulary is known
+        if vocab_size <= MAX_LOGPROBS:
+            return vocab_size
+        _fail(name, what + f" (-1, the whole vocabulary, is more than the {MAX_LOGPROBS} "
+              "alternatives a window slot keeps)", value)
+    if not 0 <= result <= most:
         _fail(name, what, value)
     return result
 

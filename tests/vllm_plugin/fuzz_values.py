@@ -53,6 +53,8 @@ VALUES = {
     "allowed_token_ids": COMMON + [[], [53], [53, 53, 101], [VOCAB], [-1], list(range(VOCAB)),
                                    [True], ["1"], [MASK_ID]],
     "n": COMMON + [0, 1, 2, 3, -1, 2.0],
+    # vLLM's max_logprobs is 20 here; WeDLM keeps at most 64 alternatives a slot
+    "logprobs": COMMON + [0, 5, 20, 21, 64, 65, -1, -2, 2.0],
 }
 # Values each field is served with, for the combinations (a draw of several fields is
 # refused as soon as one is bad; these let most combinations through to the decode step)
@@ -67,11 +69,12 @@ SERVED = {
     "repetition_penalty": [1, 0.5, 1.8], "min_p": [0, 0.3, 1], "min_tokens": [0, 3, 6],
     "logit_bias": [None, {53: 5.0}, {32: -3.0, 101: 2.5}],
     "allowed_token_ids": [None, [53, 101], list(range(32, 127))], "n": [1, 2],
+    "logprobs": [None, 0, 3, 20],
 }
 # Fields model_min's SamplingParams takes under the same name as vLLM's.
 SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presence_penalty",
               "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
-              "allowed_token_ids")
+              "allowed_token_ids", "logprobs")
 # Each field's values on the good request, then on a seeded sampled one (a greedy request
 # ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
 SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among the stop ids
@@ -166,8 +169,8 @@ def engine_refusal(draw: dict, max_model_len: int) -> bool:
     """A draw model_min takes that the engine must refuse by its own bounds: a window above
     the engine's, a max_tokens that does not fit int32 beside max_model_len (vLLM's
     ``prompt_len + max_tokens`` buffer), an empty prompt (vLLM refuses it), the mode
-    "ar" (model_min's AR loop; vLLM decodes AR without the plugin), or n > 1 on a greedy
-    request or above vLLM's 16384."""
+    "ar" (model_min's AR loop; vLLM decodes AR without the plugin), n > 1 on a greedy
+    request or above vLLM's 16384, or more logprobs than vLLM's max_logprobs."""
     window, most = draw.get("wedlm_window", WINDOW), rp.INT32_MAX - max_model_len
     max_tokens = draw.get("max_tokens")
     greedy = draw.get("temperature", BASE["temperature"])
@@ -178,4 +181,6 @@ def engine_refusal(draw: dict, max_model_len: int) -> bool:
             # (model_min has no n)
             or (rp.is_integer(draw.get("n")) and draw["n"] > 1 and rp.is_number(greedy)
                 and greedy < 1e-5)
-            or (rp.is_integer(draw.get("n")) and draw["n"] > 16384))
+            or (rp.is_integer(draw.get("n")) and draw["n"] > 16384)
+            # vLLM's max_logprobs (20 by default) below WeDLM's 64
+            or (rp.is_integer(draw.get("logprobs")) and 20 < draw["logprobs"] <= 64))

@@ -260,11 +260,43 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client):
     with pytest.raises(BadRequestError, match="bad_words"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
                                   extra_body={"bad_words": ["ab"]})
-    with pytest.raises(BadRequestError, match="logprobs"):
-        client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4, logprobs=2)
+    # echo with logprobs asks for the prompt's logprobs (lm-eval's loglikelihood tasks)
+    with pytest.raises(BadRequestError, match="prompt_logprobs"):
+        client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4, logprobs=2,
+                                  echo=True)
     # the server still serves
     assert client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
                                      temperature=0).choices[0].text is not None
+
+
+def test_logprobs_over_completions_and_chat_are_model_mins(client):
+    """An OpenAI client's ``logprobs`` (completions) and ``logprobs`` + ``top_logprobs``
+    (chat): an entry per token, model_min's values for the same tokens."""
+    prompt = "def add(a, b):\n    return"
+    model = model_min.load_model(TINY)
+    tokenizer = model_min.load_tokenizer(TINY)
+    generator = model_min.Generator(model, window=WINDOW, tokenizer=tokenizer)
+    want = generator.generate(prompt, model_min.SamplingParams(
+        max_new_tokens=12, temperature=0.8, seed=4, logprobs=3))[0]
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=12, temperature=0.8, seed=4,
+        logprobs=3, extra_body={"ignore_eos": True})
+    choice = response.choices[0]
+    assert choice.text == want.text
+    served = choice.logprobs
+    assert len(served.token_logprobs) == len(served.top_logprobs) == len(want.token_ids)
+    for token, value, top, entry in zip(want.token_ids, served.token_logprobs,
+                                        served.top_logprobs, want.logprobs):
+        assert value == pytest.approx(entry[token].logprob, abs=2e-4)
+        assert sorted(top.values()) == pytest.approx(sorted(
+            e.logprob for t, e in entry.items() if e.rank <= 3 and (
+                t != token or entry[token].rank <= 3)), abs=2e-4)
+    chat = client.chat.completions.create(
+        model="tiny-wedlm", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) >= 1 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob <= 0 for c in content)
 
 
 def diffusion_counters(server: str) -> dict[str, float]:

@@ -158,14 +158,10 @@ def _row_entropy(x: torch.Tensor) -> torch.Tensor:
     return torch.where(undefined, float("nan"), entropy)
 
 
-def _sample(
-    x: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    gumbel: torch.Tensor,
-) -> torch.Tensor:
-    """Top-k, top-p and Gumbel-max sample per row of ``x`` ``[R, V]`` (fp32, no NaN)."""
+def kept_tokens(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The tokens top-k and top-p keep, per row of ``x`` ``[R, V]`` (fp32, no NaN;
+    ``top_k`` [R] int, ``top_p`` [R] fp32): bool ``[R, V]``, the sampling rule's steps 1
+    and 2 (``contracts.md``, select_tokens)."""
     vocab_size = x.shape[-1]
     neg_inf = torch.full((), float("-inf"), device=x.device)  # no host copy: graph-safe
     sorted_x = torch.sort(x, dim=-1, descending=True).values
@@ -189,7 +185,19 @@ def _sample(
     mass_above = mass_before.gather(-1, group_start)
     top_p_row = top_p.unsqueeze(-1)
     top_p_off = (top_p_row >= 1) | ~torch.isfinite(row_max)
-    kept = kept & (top_p_off | (mass_above < top_p_row) | (x == row_max))
+    return kept & (top_p_off | (mass_above < top_p_row) | (x == row_max))
+
+
+def _sample(
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    gumbel: torch.Tensor,
+) -> torch.Tensor:
+    """Top-k, top-p and Gumbel-max sample per row of ``x`` ``[R, V]`` (fp32, no NaN)."""
+    neg_inf = torch.full((), float("-inf"), device=x.device)  # no host copy: graph-safe
+    kept = kept_tokens(x, top_k, top_p)
 
     # Gumbel-max: argmax of x / T + g over the kept entries is a sample of softmax(x / T).
     scores = x / temperature.unsqueeze(-1) + gumbel

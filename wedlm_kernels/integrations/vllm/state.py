@@ -29,10 +29,12 @@ import numpy as np
 import torch
 import vllm
 from vllm.logger import init_logger
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
+from wedlm_kernels import logprobs as lp
 from wedlm_kernels import request_params as rp
 from wedlm_kernels.grammar import GrammarStep, WindowPlan
 from wedlm_kernels.request_params import (
@@ -70,6 +72,8 @@ BUFFER_SOURCES = {
     "repetition_penalty": "repetition_penalty", "min_p": "min_p", "min_tokens": "min_tokens",
     "output_start": "loop", "bias_ids": "logit_bias", "bias_values": "loop",
     "output_counts": "loop", "prompt_mask": "loop", "allowed_mask": "allowed_token_ids",
+    # (and logprob_store, the logprob records of wedlm_kernels.logprobs, written by the loop
+    # alone: token ids of the logits' argsort, fp32 values, ranks up to the vocabulary)
 }
 # The host-side flag of a slot per rule group (the sampler passes a group to process_logits
 # only when a request of the step uses it).
@@ -242,6 +246,16 @@ class WeDLMModelState(DefaultModelState):
         self._rules = {rule: np.zeros(slots, dtype=bool) for rule in RULES}
         self._staged_counts: list[tuple[int, list[int], list[int]]] = []  # slot, prompt, out
         self._staged_allowed: list[tuple[int, list[int]]] = []  # slot, bitmask words
+        # Logprobs (wedlm_kernels.logprobs): each window slot's record, kept from the step
+        # that fills it to the one that commits it, at place (logical position mod the
+        # window's capacity), [slots, capacity + 1, 1 + K]; allocated with the first
+        # request that asks for logprobs. The alternatives each slot's request asks for
+        # (-1: none) is a host fact; a removed request's records are kept for its resume.
+        self.logprobs_mode = lp.check_mode(self.model_config.logprobs_mode,
+                                           "model_config.logprobs_mode")
+        self.logprob_store: lp.Records | None = None
+        self._num_logprobs = np.full(slots, -1, dtype=np.int32)
+        self._saved_records: dict[str, tuple[int, lp.Records]] = {}  # request -> (K, records)
 
         # Rows fed to decode steps and the live window rows among them: [fed, live],
         # summed over the engine's life (row_stats()).
@@ -378,6 +392,12 @@ class WeDLMModelState(DefaultModelState):
         first = self._layout["stop_ids"][0]
         packed[first: first + len(stops)] = stops
         self._admit_rules(slot, values, prompt, tokens[len(prompt):], packed)
+        if not self._admit_logprobs(slot, request_id, params, saved is not None):
+            row[1] = -1  # its records were not kept: its window restarts (with a warning)
+            win_len = min(settings.window, remaining)
+            logger.warning("WeDLM request %s resumes without the logprobs of its window's "
+                           "filled slots: its window restarts from its committed tokens",
+                           request_id)
         self._staged_admissions.append(row)
         # what next_canvas reports after this step, and the guard's count
         self._host_views[:, slot, 0] = win_len
@@ -408,6 +428,34 @@ class WeDLMModelState(DefaultModelState):
         if self.allowed_mask is not None:  # every admitted request sets its slot's row
             self._staged_allowed.append((slot, rp.allowed_bitmask(
                 values.allowed_token_ids, self.vocab_size) if used["allowed"] else None))
+
+    def _admit_logprobs(self, slot: int, request_id: str, params, resumes: bool) -> bool:
+        """The request's logprobs: the host fact, the store (allocated with the first
+        request that asks), and a resumed request's records put back in its new slot.
+        False when a resumed request asks for logprobs and its records were not kept."""
+        saved = self._saved_records.pop(request_id, None)
+        count = rp.logprobs(getattr(params, "logprobs", None), "logprobs", self.vocab_size)
+        self._num_logprobs[slot] = -1 if count is None else count
+        if count is None:
+            return True
+        if self.logprob_store is None:
+            self.logprob_store = lp.empty_store(
+                self.max_num_reqs, self.settings.canvas_length,
+                min(rp.MAX_LOGPROBS, self.vocab_size), self.device)
+        if not resumes:
+            return True
+        if saved is None:
+            return False
+        # (a device copy, ordered after every step before: the records as the request left)
+        _, records = saved
+        store = self.logprob_store
+        columns = records.token_ids.shape[1]
+        store.token_ids[slot, :, :columns] = records.token_ids
+        store.token_ids[slot, :, columns:] = 0
+        store.logprobs[slot, :, :columns] = records.logprobs
+        store.logprobs[slot, :, columns:] = float("-inf")
+        store.ranks[slot] = records.ranks
+        return True
 
     def _apply_staged_rules(self) -> None:
         """Land the admissions' vocabulary-wide rows: each penalised request's prompt mask
@@ -449,6 +497,13 @@ class WeDLMModelState(DefaultModelState):
             return
         self._request_of[slot] = ""
         self._structured[slot] = False
+        count = int(self._num_logprobs[slot])
+        self._num_logprobs[slot] = -1
+        if count >= 0:  # its records, for a resume (copies on the device; nothing waits)
+            store = self.logprob_store
+            self._saved_records[req_id] = (count, lp.Records(
+                store.token_ids[slot, :, : 1 + count].clone(),
+                store.logprobs[slot, :, : 1 + count].clone(), store.ranks[slot].clone()))
         row = self._next_saved_row
         while row in self._reserved_rows:  # a resume of this step has yet to read it
             row = (row + 1) % len(self._saved_owner)
@@ -457,6 +512,7 @@ class WeDLMModelState(DefaultModelState):
         if evicted and self._saved_row.get(evicted, (None,))[0] == row:
             del self._saved_row[evicted]
             self._restarts.pop(evicted, None)
+            self._saved_records.pop(evicted, None)
         self._saved_owner[row] = req_id
         self._saved_row[req_id] = (row, int(self._host_views[1 - self._host_turn, slot, 0]))
         self._staged_saves.append((slot, row))
@@ -822,6 +878,46 @@ class WeDLMSampler:
             frequency_penalty=frequency, repetition_penalty=repetition,
             allowed_mask=take(state.allowed_mask) if rules["allowed"] else None)
 
+    def _keep_logprobs(self, logits: torch.Tensor, token: torch.Tensor, selected: torch.Tensor,
+                       cu_rows: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor,
+                       num_logprobs: int) -> None:
+        """Keep the record of every row that fills a slot, at its place: its logical
+        position modulo the window's capacity (a window's live slots never share one)."""
+        state = self.state
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        owner = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
+            0, slots.shape[0] - 1)
+        records = lp.row_records(
+            logits, token, num_logprobs, state.logprobs_mode, cu_rows,
+            state.temperature.index_select(0, slots), state.top_k.index_select(0, slots),
+            state.top_p.index_select(0, slots))
+        lp.keep_filled(state.logprob_store, records, slots[owner],
+                       row_pos.remainder(state.settings.canvas_length), selected & (row_pos >= 0))
+
+    def _committed_logprobs(self, slots: torch.Tensor, committed_from: torch.Tensor,
+                            committed: torch.Tensor, cu_rows: torch.Tensor, num_logits: int,
+                            num_logprobs: int, input_batch) -> LogprobsTensors:
+        """The committed tokens' records in vLLM's layout for several tokens a request:
+        request ``i``'s ``j``-th committed token on logits row ``cu_num_logits[i] + j`` (a
+        request commits at most as many tokens as it has rows); the other rows are never
+        read (vLLM reads ``num_sampled[i]`` rows from ``cu_num_logits[i]``)."""
+        capacity = self.state.settings.canvas_length
+        order = torch.arange(capacity, device=slots.device)
+        places = (committed_from.long()[:, None] + order).remainder(capacity)  # [B, S]
+        records = lp.take(self.state.logprob_store, slots, places, num_logprobs)
+        target = cu_rows[:-1].long()[:, None] + order
+        target = torch.where(order < committed[:, None], target, num_logits)  # spare row
+        token_ids = records.token_ids.new_zeros((num_logits + 1, 1 + num_logprobs))
+        values = records.logprobs.new_full((num_logits + 1, 1 + num_logprobs), float("-inf"))
+        ranks = records.ranks.new_zeros(num_logits + 1)
+        token_ids.index_put_((target,), records.token_ids)
+        values.index_put_((target,), records.logprobs)
+        ranks.index_put_((target,), records.ranks)
+        num_reqs = slots.shape[0]
+        return LogprobsTensors(
+            token_ids[:num_logits], values[:num_logits], ranks[:num_logits],
+            cu_num_generated_tokens=input_batch.cu_num_logits_np[: num_reqs + 1].tolist())
+
     def __call__(self, logits: torch.Tensor, input_batch, *args) -> SamplerOutput:
         state, num_reqs = self.state, input_batch.num_reqs
         step = state._step if input_batch.num_draft_tokens > 0 else None
@@ -851,6 +947,12 @@ class WeDLMSampler:
         rules = {rule: bool(state._rules[rule][step["slots_np"]].any()) for rule in RULES}
         if grammar is not None:  # the grammar's masks first, as vLLM applies them
             row_pos = grammar.mask_logits(logits, row_pos)
+        # logprobs: the most alternatives a request of the step asks for (a host fact;
+        # -1: none), and in a raw mode the logits before the rules change them in place
+        num_logprobs = int(state._num_logprobs[step["slots_np"]].max(initial=-1))
+        raw = None
+        if num_logprobs >= 0 and state.logprobs_mode.startswith("raw"):
+            raw = logits.clone() if any(rules.values()) or grammar is not None else logits
         if any(rules.values()):
             self._apply_rules(logits, cu_rows, row_pos, slots, rules)
         if grammar is not None:
@@ -864,6 +966,10 @@ class WeDLMSampler:
             grammar.force_selected(selected)
             grammar.remask(win_tokens, win_mask, state.mask_token_id)
         ctx_len, finished = take(state.ctx_len), take(state.finished)
+        if num_logprobs >= 0:  # the records of the slots this step fills
+            self._keep_logprobs(raw if raw is not None else logits, token, selected,
+                                cu_rows, row_pos, slots, num_logprobs)
+            committed_from = ctx_len.clone()
         max_new, stop_ids = take(state.max_new), take(state.stop_ids)
         width = state.settings.canvas_length
         # This step's commits only: at most S = 2W (early finish included). commit_window's
@@ -920,7 +1026,11 @@ class WeDLMSampler:
         state._copy_counters_to_host()
 
         num_rejected = torch.where(step["num_logits"] > 0, step["query_len"] - committed, 0)
+        logprobs = None
+        if num_logprobs >= 0:
+            logprobs = self._committed_logprobs(slots, committed_from, committed, cu_rows,
+                                                logits.shape[0], num_logprobs, input_batch)
         return SamplerOutput(sampled_token_ids=out_tokens[:, :width].contiguous(),
-                             logprobs_tensors=None,
+                             logprobs_tensors=logprobs,
                              num_nans=None, num_sampled=committed,
                              num_rejected=num_rejected.to(torch.int32))

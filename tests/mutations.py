@@ -98,6 +98,7 @@ LOGITS_KERNEL_TESTS = ("tests/test_process_logits_kernel.py",)
 DECODER_TESTS = ("tests/test_reference_decoder.py",)
 MODEL_MIN_TESTS = ("tests/test_model_min_generator.py", "tests/test_model_min_logits.py")
 GRAMMAR_TESTS = ("tests/test_grammar.py",)
+LOGPROBS_TESTS = ("tests/test_logprobs.py",)
 
 MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ select_tokens, PyTorch
@@ -702,6 +703,35 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_request_params.py",), "True is taken as the number 1 (the two front "
         "ends then disagree with vLLM's check of a window)",
     ),
+    # ------------------------------------------------------------ logprobs
+    Mutation(
+        "logprobs-rank-counts-only-larger-values", "wedlm_kernels/logprobs.py",
+        (("    ranks = (x >= x.gather(1, token_ids[:, :1])).sum(-1)",
+          "    ranks = (x > x.gather(1, token_ids[:, :1])).sum(-1) + 1"),),
+        LOGPROBS_TESTS, "a token tied with others gets rank 1 + the strictly larger ones, not "
+        "vLLM's count of the values at least its own",
+    ),
+    Mutation(
+        "logprobs-processed-without-the-temperature", "wedlm_kernels/logprobs.py",
+        (("        scaled = torch.where(sampled, x / torch.where(sampled, row_temperature, 1.0), x)",
+          "        scaled = x"),),
+        LOGPROBS_TESTS, "the processed modes list the untempered distribution, not the one "
+        "the token was drawn from",
+    ),
+    Mutation(
+        "logprobs-rows-that-fill-nothing-written", "wedlm_kernels/logprobs.py",
+        (("    place = torch.where(filled, place, places)  # the rows not kept go to the spare place",
+          "    place = torch.where(filled, place, place)"),),
+        LOGPROBS_TESTS, "padding rows (row_pos -1) write their records at negative places, "
+        "which wrap onto other slots' records",
+    ),
+    Mutation(
+        "logprobs-raw-mode-reads-the-processed-logits", "model_min/generator.py",
+        (("        if not self._logprobs or self.logprobs_mode.startswith(\"processed\"):",
+          "        if True:"),),
+        LOGPROBS_TESTS, "raw_logprobs list the distribution after the logit rules (a banned "
+        "token at -inf), not the model's", keyword="before_the_rules",
+    ),
 ]
 
 # The vLLM plugin's entries: their tests need vLLM, so they run in .venv-vllm
@@ -932,6 +962,22 @@ VLLM_MUTATIONS += [
           "        if used[\"allowed\"]:  # every admitted request sets its slot's row\n"),),
         VLLM_RULES, "a request without allowed_token_ids inherits the bitmask its slot's "
         "previous request left", keyword="forgets_the_rules",
+    ),
+]
+VLLM_LOGPROBS = ("tests/vllm_plugin/test_vllm_logprobs.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-logprobs-read-after-the-commit-moved-the-context", VLLM_STATE,
+        (("            committed_from = ctx_len.clone()", "            committed_from = ctx_len"),),
+        VLLM_LOGPROBS, "the committed tokens' records are read from the places after them "
+        "(commit_window advances ctx_len in place)", keyword="equal_model_mins and greedy",
+    ),
+    Mutation(
+        "vllm-logprobs-not-restored-on-resume", VLLM_STATE,
+        (("        if not resumes:\n            return True\n",
+          "        if True:\n            return True\n"),),
+        VLLM_LOGPROBS, "a preempted request resumes its window without its filled slots' "
+        "records (the slot's next occupant's, or nothing)", keyword="preemption",
     ),
 ]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}

@@ -218,3 +218,20 @@ def test_a_bad_logprobs_mode_is_refused_by_name(tiny):
         Generator(tiny, logprobs_mode="processed")
     with pytest.raises(rp.ParameterError, match="prompt 0: logprobs"):
         Generator(tiny, window=4).generate([[1, 2]], SamplingParams(logprobs=-1))
+
+
+def test_raw_logprobs_are_the_models_before_the_rules(tiny):
+    """allowed_token_ids bans every other token; the raw entries still list the model's
+    favourites among them, and the processed ones only allowed tokens."""
+    allowed = [32, 101, 108]
+    params = SamplingParams(max_new_tokens=10, allowed_token_ids=allowed, logprobs=4)
+    raw = Generator(tiny, window=8).generate(PROMPTS, params)
+    processed = Generator(tiny, window=8, logprobs_mode="processed_logprobs").generate(
+        PROMPTS, params)
+    assert [r.token_ids for r in raw] == [r.token_ids for r in processed]
+    # a banned token listed with a finite value: the model's distribution, not the rules'
+    assert any(t not in allowed and math.isfinite(e.logprob)
+               for r in raw for p in r.logprobs for t, e in p.items())
+    for result in processed:
+        for position in result.logprobs:
+            assert all(t in allowed or e.logprob == -math.inf for t, e in position.items())

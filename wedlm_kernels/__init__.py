@@ -16,7 +16,8 @@ Public ops (exact semantics in docs/contracts.md):
 Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
 :mod:`wedlm_kernels.request_params` defines a decoding request's parameters once (types,
 bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin),
-:mod:`wedlm_kernels.grammar` how a grammar (structured outputs) constrains a window, and
+:mod:`wedlm_kernels.grammar` how a grammar (structured outputs) constrains a window,
+:mod:`wedlm_kernels.logprobs` which distribution a committed token's logprobs come from, and
 :mod:`wedlm_kernels.model_config` what a checkpoint's ``config.json`` means for the math.
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """
@@ -34,7 +35,7 @@ from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "BACKEND",

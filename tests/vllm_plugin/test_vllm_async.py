@@ -185,3 +185,13 @@ def test_a_lone_structured_request_decodes_up_to_max_model_len(async_engine, ref
     tokens = list(output.outputs[0].token_ids)
     assert len(tokens) == MAX_MODEL_LEN - len(prompt) and set(tokens) <= {ord("a"), ord("b")}
     assert output.outputs[0].finish_reason == "length"
+
+
+def test_logprobs_equal_model_min_under_asynchronous_scheduling(async_engine, reference):
+    """A step's committed records reach vLLM with its tokens while the next step is in
+    flight (the fixed canvas: other rows per request than the live canvas's)."""
+    from .test_vllm_logprobs import assert_same, both, reference_logprobs, served_logprobs
+
+    pairs = [both(seed, k, max_tokens=30) for seed, k in ((None, 2), (8, 0), (9, 5), (None, 1))]
+    got = served_logprobs(async_engine, PROMPTS, [served for served, _ in pairs])
+    assert_same(got, reference_logprobs(reference, PROMPTS, [wanted for _, wanted in pairs]))

@@ -25,6 +25,7 @@ from typing import Any, Union
 import torch
 
 import wedlm_kernels as wk
+from wedlm_kernels import bad_words
 from wedlm_kernels import request_params as rp
 from wedlm_kernels.grammar import GrammarStep, plan_window
 from wedlm_kernels.logprobs import (
@@ -100,6 +101,9 @@ class SamplingParams:
     min_tokens: int = 0  # stop ids banned from the first min_tokens outputs
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: Sequence[int] | None = None  # None: every token
+    # words (token id lists) never written: a slot's token that would complete one with
+    # the known tokens around it is banned (wedlm_kernels.bad_words)
+    bad_words_token_ids: Sequence[Sequence[int]] | None = None
     # Structured output: a function returning a fresh grammar (wedlm_kernels.grammar.Grammar,
     # masks over the model's vocabulary), called once per request; every output then
     # parses (docs/contracts.md, "Structured outputs").
@@ -131,6 +135,8 @@ class SamplingParams:
         self.logit_bias = dict(bias) if bias else None
         self.allowed_token_ids = rp.allowed_token_ids(self.allowed_token_ids,
                                                       name("allowed_token_ids"))
+        self.bad_words_token_ids = rp.bad_words_token_ids(self.bad_words_token_ids,
+                                                          name("bad_words_token_ids"))
         self.logprobs = rp.logprobs(self.logprobs, name("logprobs"))
         if self.grammar is not None and not callable(self.grammar):
             raise rp.ParameterTypeError(
@@ -401,6 +407,13 @@ class Generator:
             rp.allowed_token_ids(p.allowed_token_ids, f"prompt {index}: allowed_token_ids",
                                  vocab)
             p.logprobs = rp.logprobs(p.logprobs, f"prompt {index}: logprobs", vocab)
+            rp.bad_words_token_ids(p.bad_words_token_ids,
+                                   f"prompt {index}: bad_words_token_ids", vocab)
+            if p.bad_words_token_ids and p.grammar is not None:
+                raise rp.ParameterError(
+                    f"prompt {index}: bad_words_token_ids cannot be combined with a grammar "
+                    "(a grammar may force a token a bad word bans)",
+                    f"prompt {index}: bad_words_token_ids")
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt {index}: token ids {bad[:5]} outside [0, {vocab})")
@@ -449,6 +462,10 @@ class Generator:
             "Kb": max(len(r.params.logit_bias or ()) for r in requests),
             "Vc": vocab if rules["penalties"] else 0,
             "Wa": rp.bitmask_words(vocab) if rules["allowed"] else 0,
+            # bad words: the most words and the longest word of a request (0: none)
+            "Nb": max(len(r.params.bad_words_token_ids or ()) for r in requests),
+            "Lb": max((len(w) for r in requests for w in r.params.bad_words_token_ids or ()),
+                      default=0),
             # logprob records: -1 when no request of the call asks for logprobs
             "Kl": max((r.params.logprobs for r in requests if r.params.logprobs is not None),
                       default=-1),
@@ -679,6 +696,7 @@ class Generator:
             rows=torch.zeros(count, dtype=torch.int64, device=device),
             **self._admit_rules(requests),
             **self._admit_logprobs(count),
+            **self._admit_bad_words(requests),
         )
         if not any(r.prompt for r in requests):
             return state
@@ -702,6 +720,26 @@ class Generator:
             store = empty_store(count, self._widths["T"], width, self._device)
         return dict(logprob_ids=store.token_ids, logprob_values=store.logprobs,
                     logprob_ranks=store.ranks)
+
+    def _admit_bad_words(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
+        words = bad_words.pack([[list(w) for w in r.params.bad_words_token_ids or ()]
+                                for r in requests], self._device, self._widths["Nb"],
+                               self._widths["Lb"])
+        if not self._widths["Nb"]:  # no request of the call has bad words: no width
+            words = bad_words.BadWords(words.tokens[:, :0, :0], words.lengths[:, :0])
+        return dict(bad_tokens=words.tokens, bad_lengths=words.lengths)
+
+    def _bad_word_state(self, s: BatchState):
+        """``(words, known, first)`` for wedlm_kernels.bad_words: the window as fed, after
+        the committed tail the longest word needs (-1 at prompt positions)."""
+        tail_len = max(self._widths["Lb"] - 1, 0)
+        index = s.out_len.long()[:, None] - tail_len + torch.arange(tail_len,
+                                                                    device=self._device)
+        tail = torch.where(index >= 0, s.out_tokens.gather(
+            1, index.clamp(0, s.out_tokens.shape[1] - 1)), -1)
+        known, first = bad_words.known_tokens(s.win_tokens, s.win_mask, s.win_len,
+                                              s.ctx_len, tail)
+        return bad_words.BadWords(s.bad_tokens, s.bad_lengths), known, first
 
     def _logprob_source(self, logits: torch.Tensor, grammar: GrammarStep | None
                         ) -> torch.Tensor | None:
@@ -839,6 +877,10 @@ class Generator:
         if grammar is not None:
             row_pos = grammar.mask_logits(logits, row_pos)
         raw = self._logprob_source(logits, grammar)
+        if self._widths["Nb"]:  # bad words: ban what would complete one
+            words, known, first = self._bad_word_state(s)
+            row_sequence = torch.arange(batch * window, device=self._device) // window
+            bad_words.ban_bad_words(logits, words, row_sequence, row_pos, known, first)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
             grammar.restore_dead_rows(logits)
@@ -849,6 +891,9 @@ class Generator:
         if grammar is not None:
             grammar.force_selected(selected)
             grammar.remask(s.win_tokens, s.win_mask, self.mask_token_id)
+        if self._widths["Nb"]:  # ... and leave unfilled what completes one with this step
+            selected = bad_words.unfill_bad_words(selected, token, words, row_sequence,
+                                                  row_pos, known, first)
         self._keep_logprobs(s, raw, logits, cu_rows, row_pos, token, selected & (row_pos >= 0))
         if self.trace is not None and self.graphs is None:
             self.trace.append(self._snapshot(s, row_pos, logits))
@@ -897,6 +942,10 @@ class Generator:
         if grammar is not None:
             grammar.mask_logits(logits, row_pos)
         raw = self._logprob_source(logits, grammar)
+        if self._widths["Nb"]:  # (every other place of a word is committed: the ban suffices)
+            words, known, first = self._bad_word_state(s)
+            bad_words.ban_bad_words(logits, words, torch.arange(batch, device=self._device),
+                                    row_pos, known, first)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
             grammar.restore_dead_rows(logits)

@@ -48,6 +48,8 @@ _PADDING = {
     "logprob_ids": 0,
     "logprob_values": -math.inf,
     "logprob_ranks": 0,
+    "bad_tokens": -1,
+    "bad_lengths": 0,
 }
 
 
@@ -90,6 +92,10 @@ class BatchState:
     logprob_ids: torch.Tensor  # [B, T1, 1 + K] int64: the token, then the most likely
     logprob_values: torch.Tensor  # [B, T1, 1 + K] fp32
     logprob_ranks: torch.Tensor  # [B, T1] int64: the token's rank
+    # bad words (wedlm_kernels.bad_words): Nb words of up to Lb tokens (0: no request of
+    # the call has any)
+    bad_tokens: torch.Tensor  # [B, Nb, Lb] int64, -1 padded
+    bad_lengths: torch.Tensor  # [B, Nb] int64 (0: no word)
 
     @property
     def size(self) -> int:

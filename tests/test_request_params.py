@@ -51,6 +51,8 @@ def checked(field: str, value, **context):
                                                             context.get("vocab_size", VOCAB)),
         "n": lambda v: rp.n(v, "C"),
         "logprobs": lambda v: rp.logprobs(v, "G", context.get("vocab_size", VOCAB)),
+        "bad_words_token_ids": lambda v: rp.bad_words_token_ids(
+            v, "D", context.get("vocab_size", VOCAB)),
     }
     try:
         return checks[field](value)
@@ -81,9 +83,11 @@ def test_every_accepted_value_fits_its_buffer_and_every_refusal_names_the_field(
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if isinstance(result, ParameterError):
-        assert result.parameter in "WMTPXKQSNIAFRYZBLCG"
+        assert result.parameter in "WMTPXKQSNIAFRYZBLCGD"
         assert str(result).startswith(result.parameter)
     elif dtype is not None and result is not None:
+        if field == "bad_words_token_ids":  # stored as the words' ids, -1 padded
+            result = tuple(token for word in result for token in word)
         stores_in(dtype, result)
 
 
@@ -100,6 +104,8 @@ def test_any_value_is_refused_by_name_or_stored_without_an_error(field, value):
     if not isinstance(result, ParameterError) and dtype is not None and result is not None:
         if field == "allowed_token_ids":  # stored as the bitmask of a vocabulary holding them
             result = tuple(rp.allowed_bitmask(result, VOCAB))
+        if field == "bad_words_token_ids":
+            result = tuple(token for word in result for token in word)
         stores_in(dtype, result)
 
 
@@ -258,3 +264,16 @@ def test_contracts_state_every_field_its_buffer_and_its_rule():
     for field, (dtype, rule) in rp.FIELDS.items():
         [row] = [line for line in rows if line.startswith(f"| {field} |")]
         assert row.endswith(f"| {dtype or '-'} | {rule} |"), (field, row)
+
+
+def test_bad_words_are_token_id_lists_within_vllms_bounds():
+    assert rp.bad_words_token_ids([[5, 6], [7], [5, 6]], "D", 10) == ((5, 6), (7,))
+    assert rp.bad_words_token_ids([], "D") is None
+    for bad, message in [([[]], "empty"), ([[1] * 17], "17 tokens"), ([[10]], "outside"),
+                         ([[i] for i in range(129)], "129 words"),
+                         ([[i] * 16 for i in range(65)], "1040 tokens"),
+                         ("ab", "list of words"), ([1, 2], "list of words"),
+                         ([[1.0]], "token ids"), ([[True]], "token ids")]:
+        error = checked("bad_words_token_ids", bad, vocab_size=10 if message == "outside"
+                        else 1000)
+        assert isinstance(error, ParameterError) and message in str(error), (bad, error)

@@ -38,6 +38,9 @@ returns the value as it is stored in the device buffer that holds it
                                   in the vocabulary
     n                  -          integer >= 1 (vLLM: > 1 needs a
                                   temperature > 0)
+    bad_words_token_ids int64     None or at most 128 words of 1   None and []: no word;
+                                  .. 16 ids in the vocabulary,     repeated words kept once
+                                  1024 ids in all
     logprobs           -          None or integer 0 .. min(64,     -1: the vocabulary (when it
                                   vocabulary)                      has at most 64 tokens);
                                                                    True: 1 (vLLM's reading)
@@ -107,6 +110,10 @@ FIELDS = {
                           "(stored as a bitmask of 32 tokens a word)"),
     "n": (None, "an integer >= 1 (sequences per request; vLLM needs a temperature > 0 for "
           "n > 1)"),
+    "bad_words_token_ids": ("int64", "None or at most 128 words (vLLM tokenizes each "
+                            "bad_words entry with and without a leading space), each a "
+                            "non-empty list of at most 16 token ids in [0, vocabulary), "
+                            "1024 ids in all"),
     "logprobs": (None, "None or an integer from 0 to 64 and at most the vocabulary (the "
                  "alternatives listed per token); -1 means the whole vocabulary when it has "
                  "at most 64 tokens, True means 1 (vLLM's readings)"),
@@ -418,6 +425,57 @@ def n(value: Any, name: str) -> int:
     if result < 1:
         _fail(name, what, value)
     return result
+
+
+# bad_words after tokenization (vLLM tokenizes each word with and without a leading
+# space): at most vLLM's 128 words (VLLM_MAX_NUM_BAD_WORDS) and 1024 tokens in all
+# (VLLM_MAX_BAD_WORDS_TOTAL_TOKENS), each word at most 16 tokens (a window slot's ban
+# compares rows x words x L x L tokens; wedlm_kernels.bad_words).
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_TOKENS = 16
+MAX_BAD_WORDS_TOTAL_TOKENS = 1024
+
+
+def bad_words_token_ids(values: Any, name: str, vocab_size: int | None = None
+                        ) -> tuple[tuple[int, ...], ...] | None:
+    """Bad words as token id lists (vLLM's ``bad_words`` after its tokenization): None (or
+    no word) or at most 128 non-empty words of at most 16 ids each, 1024 ids in all, each
+    id in ``[0, vocab_size)``; repeated words are kept once."""
+    if values is None:
+        return None
+    what = "a list of words, each a non-empty list of token ids"
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise ParameterTypeError(f"{name} must be {what}, got {values!r:.80}", name)
+    words: list[tuple[int, ...]] = []
+    for word in values:
+        if isinstance(word, (str, bytes, dict)) or not isinstance(word, Iterable):
+            raise ParameterTypeError(f"{name} must be {what}, got {word!r:.80} in it", name)
+        word = list(word)
+        if not word:
+            raise ParameterError(f"{name} must be {what}: a word is empty", name)
+        if len(word) > MAX_BAD_WORD_TOKENS:
+            raise ParameterError(f"{name}: a word has {len(word)} tokens, more than "
+                                 f"{MAX_BAD_WORD_TOKENS}", name)
+        bad = [t for t in word if not is_integer(t)]
+        if bad:
+            raise ParameterTypeError(f"{name} must be {what}, got {bad[0]!r:.80} in a word",
+                                     name)
+        end = INT64_MAX + 1 if vocab_size is None else vocab_size
+        outside = [int(t) for t in word if not 0 <= t < end]
+        if outside:
+            bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
+            raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
+        word = tuple(int(t) for t in word)
+        if word not in words:
+            words.append(word)
+    if len(words) > MAX_BAD_WORDS:
+        raise ParameterError(f"{name} has {len(words)} words, more than {MAX_BAD_WORDS}",
+                             name)
+    total = sum(map(len, words))
+    if total > MAX_BAD_WORDS_TOTAL_TOKENS:
+        raise ParameterError(f"{name} has {total} tokens in all, more than "
+                             f"{MAX_BAD_WORDS_TOTAL_TOKENS}", name)
+    return tuple(words) or None
 
 
 # The most alternatives a request's logprobs may ask for (wedlm_kernels.logprobs keeps a

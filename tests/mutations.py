@@ -99,6 +99,7 @@ DECODER_TESTS = ("tests/test_reference_decoder.py",)
 MODEL_MIN_TESTS = ("tests/test_model_min_generator.py", "tests/test_model_min_logits.py")
 GRAMMAR_TESTS = ("tests/test_grammar.py",)
 LOGPROBS_TESTS = ("tests/test_logprobs.py",)
+BAD_WORDS_TESTS = ("tests/test_bad_words.py",)
 
 MUTATIONS: list[Mutation] = [
     # ------------------------------------------------------------ select_tokens, PyTorch
@@ -703,6 +704,30 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_request_params.py",), "True is taken as the number 1 (the two front "
         "ends then disagree with vLLM's check of a window)",
     ),
+    # ------------------------------------------------------------ bad words
+    Mutation(
+        "bad-words-completed-by-one-step-kept", "model_min/generator.py",
+        (("            selected = bad_words.unfill_bad_words(selected, token, words, row_sequence,\n"
+          "                                                  row_pos, known, first)",
+          "            pass"),),
+        BAD_WORDS_TESTS, "two slots one step fills complete a word, and it is committed",
+        keyword="never_commits",
+    ),
+    Mutation(
+        "bad-words-every-completing-fill-refused", "wedlm_kernels/bad_words.py",
+        (("    refused = (match & ~later).flatten(1).any(-1) & filling",
+          "    refused = match.flatten(1).any(-1) & filling"),),
+        BAD_WORDS_TESTS, "every fill of a completed word is refused, the step's leftmost too: "
+        "a step may fill nothing",
+    ),
+    Mutation(
+        "bad-words-only-the-last-token-banned", "wedlm_kernels/bad_words.py",
+        (("        ok = ok | (places[:, None] == places[None, :])[None, None]",
+          "        ok = ok | ((places[:, None] == places[None, :]) & (places[:, None] == "
+          "word_len - 1))[None, None]"),),
+        BAD_WORDS_TESTS, "a word's middle token is never banned (AR's rule): a slot left of "
+        "known tokens completes words, refused step after step",
+    ),
     # ------------------------------------------------------------ logprobs
     Mutation(
         "logprobs-rank-counts-only-larger-values", "wedlm_kernels/logprobs.py",
@@ -965,6 +990,7 @@ VLLM_MUTATIONS += [
     ),
 ]
 VLLM_LOGPROBS = ("tests/vllm_plugin/test_vllm_logprobs.py",)
+VLLM_BAD_WORDS = ("tests/vllm_plugin/test_vllm_bad_words.py",)
 VLLM_MUTATIONS += [
     Mutation(
         "vllm-logprobs-read-after-the-commit-moved-the-context", VLLM_STATE,
@@ -978,6 +1004,14 @@ VLLM_MUTATIONS += [
           "        if True:\n            return True\n"),),
         VLLM_LOGPROBS, "a preempted request resumes its window without its filled slots' "
         "records (the slot's next occupant's, or nothing)", keyword="preemption",
+    ),
+    Mutation(
+        "vllm-bad-words-tail-not-advanced", VLLM_STATE,
+        (("            state.bad_tail.index_copy_(0, slots, bw.committed_tail(\n"
+          "                state.bad_tail.index_select(0, slots), out_tokens, committed))",
+          "            pass"),),
+        VLLM_BAD_WORDS, "a word whose first tokens were committed in earlier steps is not "
+        "seen (the left context stays the admission's)", keyword="model_mins_tokens",
     ),
 ]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}

@@ -17,7 +17,8 @@ Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.
 :mod:`wedlm_kernels.request_params` defines a decoding request's parameters once (types,
 bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin),
 :mod:`wedlm_kernels.grammar` how a grammar (structured outputs) constrains a window,
-:mod:`wedlm_kernels.logprobs` which distribution a committed token's logprobs come from, and
+:mod:`wedlm_kernels.logprobs` which distribution a committed token's logprobs come from,
+:mod:`wedlm_kernels.bad_words` how a window never writes a bad word, and
 :mod:`wedlm_kernels.model_config` what a checkpoint's ``config.json`` means for the math.
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import model_min
 from wedlm_kernels import request_params as rp
 
-from .conftest import WINDOW
+from .conftest import TINY, WINDOW
 
 VOCAB = 264  # the tiny model's
 MASK_ID = 257
@@ -55,6 +55,10 @@ VALUES = {
     "n": COMMON + [0, 1, 2, 3, -1, 2.0],
     # vLLM's max_logprobs is 20 here; WeDLM keeps at most 64 alternatives a slot
     "logprobs": COMMON + [0, 5, 20, 21, 64, 65, -1, -2, 2.0],
+    # vLLM tokenizes each word with and without a leading space; at most 128 words (vLLM's
+    # bound), 16 tokens a word and 1024 in all
+    "bad_words": COMMON + [[], ["e"], ["the", " of"], [""], ["x" * 17], ["x" * 16],
+                           [f"w{i}" for i in range(130)], [1], [None], "e"],
 }
 # Values each field is served with, for the combinations (a draw of several fields is
 # refused as soon as one is bad; these let most combinations through to the decode step)
@@ -70,6 +74,7 @@ SERVED = {
     "logit_bias": [None, {53: 5.0}, {32: -3.0, 101: 2.5}],
     "allowed_token_ids": [None, [53, 101], list(range(32, 127))], "n": [1, 2],
     "logprobs": [None, 0, 3, 20],
+    "bad_words": [None, ["e"], ["the", "a b"]],
 }
 # Fields model_min's SamplingParams takes under the same name as vLLM's.
 SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presence_penalty",
@@ -128,7 +133,14 @@ class ModelMinDecoder:
         fields = {"ignore_eos": True, **BASE, **draw}
         prompt = fields.get("prompt", PROMPT)
         room = self.max_model_len - len(prompt)
+        if "bad_words" in fields:  # model_min takes the ids vLLM's tokenizer finds
+            words = fields.pop("bad_words")
+            try:
+                fields["bad_words_token_ids"] = vllm_bad_words_token_ids(words)
+            except Exception as error:  # noqa: BLE001 - vLLM's own refusals included
+                return Refused(rp.ParameterError(f"bad_words: {error}", "bad_words"))
         names = {"max_tokens": "max_new_tokens", "wedlm_entropy_threshold": "threshold",
+                 "bad_words_token_ids": "bad_words_token_ids",
                  "wedlm_distance_penalty": "penalty", **{name: name for name in SAME_NAMES}}
         try:
             # n: model_min decodes one sequence (vLLM's child 0 has the request's seed);
@@ -152,6 +164,22 @@ class ModelMinDecoder:
             return Refused(error)
         return Served(result.token_ids, result.forwards,
                       params.temperature == 0 or params.seed is not None)
+
+
+def vllm_bad_words_token_ids(words) -> tuple | None:
+    """``bad_words`` as the plugin's check tokenizes them (with vLLM's tokenizer)."""
+    from vllm import SamplingParams
+    from vllm.tokenizers import get_tokenizer
+
+    from wedlm_kernels.integrations.vllm.settings import bad_words_token_ids
+
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = get_tokenizer(str(TINY))
+    return bad_words_token_ids(SamplingParams(bad_words=words), _TOKENIZER, VOCAB)
+
+
+_TOKENIZER = None
 
 
 def names_a_field(error: BaseException | str, fields) -> bool:

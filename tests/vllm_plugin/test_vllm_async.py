@@ -195,3 +195,13 @@ def test_logprobs_equal_model_min_under_asynchronous_scheduling(async_engine, re
     pairs = [both(seed, k, max_tokens=30) for seed, k in ((None, 2), (8, 0), (9, 5), (None, 1))]
     got = served_logprobs(async_engine, PROMPTS, [served for served, _ in pairs])
     assert_same(got, reference_logprobs(reference, PROMPTS, [wanted for _, wanted in pairs]))
+
+
+def test_bad_words_equal_model_min_under_asynchronous_scheduling(async_engine, reference):
+    """The committed tail a word's left context reads is the step's own (the next step is
+    planned before it lands)."""
+    from .test_vllm_bad_words import both
+
+    pairs = [both(None), both(6), both(None, words=None), both(2, words=["a", "b c"])]
+    got = vllm_generate(async_engine, PROMPTS, [served for served, _ in pairs])
+    assert got == reference_generate(reference, PROMPTS, [wanted for _, wanted in pairs])

@@ -259,7 +259,8 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client):
 
     with pytest.raises(BadRequestError, match="bad_words"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
-                                  extra_body={"bad_words": ["ab"]})
+                                  extra_body={"bad_words": ["ab"],
+                                              "structured_outputs": {"regex": "[ab]+"}})
     # echo with logprobs asks for the prompt's logprobs (lm-eval's loglikelihood tasks)
     with pytest.raises(BadRequestError, match="prompt_logprobs"):
         client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4, logprobs=2,
@@ -267,6 +268,24 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client):
     # the server still serves
     assert client.completions.create(model="tiny-wedlm", prompt="x", max_tokens=4,
                                      temperature=0).choices[0].text is not None
+
+
+def test_bad_words_over_completions_are_never_written(client):
+    """vLLM's ``bad_words`` (extra_body): model_min's text with the words' token ids as
+    vLLM's tokenizer finds them, and no word in it."""
+    from .test_vllm_bad_words import token_ids
+
+    prompt, words = "Once upon a time", ["the", "e", " a"]
+    model = model_min.load_model(TINY)
+    generator = model_min.Generator(model, window=WINDOW,
+                                    tokenizer=model_min.load_tokenizer(TINY))
+    want = generator.generate(prompt, model_min.SamplingParams(
+        max_new_tokens=24, bad_words_token_ids=token_ids(words)))[0]
+    response = client.completions.create(model="tiny-wedlm", prompt=prompt, max_tokens=24,
+                                         temperature=0, extra_body={"bad_words": words,
+                                                                    "ignore_eos": True})
+    assert response.choices[0].text == want.text
+    assert "e" not in response.choices[0].text
 
 
 def test_logprobs_over_completions_and_chat_are_model_mins(client):
@@ -375,11 +394,12 @@ def as_the_server_reads_it(draw: dict) -> dict | None:
     of ours (a 400)."""
     import pydantic
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
 
     body = {"model": "tiny-wedlm", **http_body(draw)}
     try:
         request = CompletionRequest.model_validate(json.loads(json.dumps(body)))
-    except pydantic.ValidationError:
+    except (pydantic.ValidationError, VLLMValidationError):  # (its own logprobs checks)
         return None
     # the OpenAI defaults (and vLLM's _DEFAULT_SAMPLING_PARAMS) of a null field
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "presence_penalty": 0.0,

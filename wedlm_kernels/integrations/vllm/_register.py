@@ -19,6 +19,7 @@ from .config import WeDLMConfig
 from .settings import (
     SettingsError,
     WeDLMSettings,
+    bad_words_token_ids,
     check_request,
     checkpoint_eos_ids,
     engine_settings,
@@ -121,7 +122,8 @@ def _verify(self: SamplingParams, model_config, *args, **kwargs) -> None:
     ``_validate_logit_bias`` iterates whatever ``logit_bias`` holds and raises a bare
     TypeError for a number), then vLLM's checks as for any model."""
     if is_wedlm(model_config):
-        _validate_request(self, model_config)
+        tokenizer = args[2] if len(args) > 2 else kwargs.get("tokenizer")
+        _validate_request(self, model_config, tokenizer)
     return _vllm_verify(self, model_config, *args, **kwargs)
 
 
@@ -152,8 +154,9 @@ class _NotDiffusion:
 _NOT_DIFFUSION = _NotDiffusion()
 
 
-def _validate_request(self: SamplingParams, model_config) -> None:
-    """The plugin's check of a request to a WeDLM model (from :func:`_verify`)."""
+def _validate_request(self: SamplingParams, model_config, tokenizer=None) -> None:
+    """The plugin's check of a request to a WeDLM model (from :func:`_verify`; the
+    tokenizer finds bad_words' tokens as vLLM will)."""
     refused = unsupported_parameters(self)
     if not refused and self.structured_outputs is not None:
         why = getattr(model_config.hf_config, "wedlm_structured_refusal", None)
@@ -171,6 +174,7 @@ def _validate_request(self: SamplingParams, model_config) -> None:
         check_request(WeDLMSettings(**engine), self, model_config.get_vocab_size(),
                       model_config.max_model_len,
                       tuple(getattr(model_config.hf_config, "wedlm_eos_ids", ())))
+        bad_words_token_ids(self, tokenizer, model_config.get_vocab_size())
     except SettingsError as error:
         raise VLLMValidationError(str(error), parameter=error.parameter) from None
     _check_engine_can_read(self)  # the fields WeDLM does not read, after the ones it does

@@ -19,6 +19,7 @@ fields, is checked by :mod:`wedlm_kernels.request_params`, the definition model_
 ``SamplingParams`` uses too. This module imports no vLLM.
 """
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +179,26 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
                              f"seed), got {seed}", "seed")
 
 
+def bad_words_token_ids(params: Any, tokenizer: Any, vocab_size: int | None
+                        ) -> tuple[tuple[int, ...], ...] | None:
+    """The request's ``bad_words`` as vLLM will tokenize them (each word with and without a
+    leading space, ``SamplingParams.update_from_tokenizer``, run on a copy), checked by
+    :func:`wedlm_kernels.request_params.bad_words_token_ids`. Raises
+    :class:`ParameterError` (or vLLM's own validation error) naming ``bad_words``."""
+    words = getattr(params, "bad_words", None)
+    if not words:
+        return None
+    if isinstance(words, (str, bytes)) or not all(isinstance(w, str) for w in words):
+        raise rp.ParameterTypeError(f"bad_words must be a list of strings, got {words!r:.80}",
+                                    "bad_words")
+    if tokenizer is None:
+        raise ParameterError("bad_words needs the engine's tokenizer to find the words' "
+                             "tokens (the engine runs without one)", "bad_words")
+    probe = copy.copy(params)
+    probe.update_from_tokenizer(tokenizer)
+    return rp.bad_words_token_ids(probe.bad_words_token_ids, "bad_words", vocab_size)
+
+
 def checkpoint_eos_ids(hf_eos: Any, generation_eos: Any) -> tuple[int, ...]:
     """The checkpoint's eos ids as model_min reads them: config.json's ``eos_token_id``
     (one id, a list, or None), then generation_config.json's, without repeats."""
@@ -211,9 +232,10 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
     check("prompt_logprob_token_ids",
           getattr(params, "prompt_logprob_token_ids", None) is not None,
           "no prompt logprobs (docs/vllm.md)")
-    check("bad_words", bool(getattr(params, "bad_words", None)),
-          "no bad_words yet (a word of several tokens needs each window slot's left "
-          "context; docs/vllm.md)")
+    check("bad_words", bool(getattr(params, "bad_words", None))
+          and getattr(params, "structured_outputs", None) is not None,
+          "cannot be combined with structured outputs (a grammar may force a token a bad "
+          "word bans; docs/vllm.md)")
     extra = getattr(params, "extra_args", None) or {}
     for key in sorted(extra):
         if key.startswith("diffusion_"):

@@ -34,6 +34,7 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
+from wedlm_kernels import bad_words as bw
 from wedlm_kernels import logprobs as lp
 from wedlm_kernels import request_params as rp
 from wedlm_kernels.grammar import GrammarStep, WindowPlan
@@ -72,6 +73,9 @@ BUFFER_SOURCES = {
     "repetition_penalty": "repetition_penalty", "min_p": "min_p", "min_tokens": "min_tokens",
     "output_start": "loop", "bias_ids": "logit_bias", "bias_values": "loop",
     "output_counts": "loop", "prompt_mask": "loop", "allowed_mask": "allowed_token_ids",
+    # bad words (wedlm_kernels.bad_words), allocated with the first request that has any:
+    # the words, their lengths and each slot's last committed outputs
+    "bad_tokens": "bad_words_token_ids", "bad_lengths": "loop", "bad_tail": "loop",
     # (and logprob_store, the logprob records of wedlm_kernels.logprobs, written by the loop
     # alone: token ids of the logits' argsort, fp32 values, ranks up to the vocabulary)
 }
@@ -256,6 +260,16 @@ class WeDLMModelState(DefaultModelState):
         self.logprob_store: lp.Records | None = None
         self._num_logprobs = np.full(slots, -1, dtype=np.int32)
         self._saved_records: dict[str, tuple[int, lp.Records]] = {}  # request -> (K, records)
+        # Bad words (wedlm_kernels.bad_words): each slot's words [slots, 128, 16] and their
+        # lengths, and the last 15 outputs it committed (the left context a word may need);
+        # allocated with the first request that has bad words. Host facts: each slot's
+        # number of words and longest word; admissions staged for apply_staged_writes.
+        self.bad_tokens: torch.Tensor | None = None
+        self.bad_lengths: torch.Tensor | None = None
+        self.bad_tail: torch.Tensor | None = None
+        self._bad_word_count = np.zeros(slots, dtype=np.int32)
+        self._bad_word_len = np.zeros(slots, dtype=np.int32)
+        self._staged_bad_words: list[tuple[int, tuple, list[int]]] = []  # slot, words, outputs
 
         # Rows fed to decode steps and the live window rows among them: [fed, live],
         # summed over the engine's life (row_stats()).
@@ -392,6 +406,7 @@ class WeDLMModelState(DefaultModelState):
         first = self._layout["stop_ids"][0]
         packed[first: first + len(stops)] = stops
         self._admit_rules(slot, values, prompt, tokens[len(prompt):], packed)
+        self._admit_bad_words(slot, params, tokens[len(prompt):])
         if not self._admit_logprobs(slot, request_id, params, saved is not None):
             row[1] = -1  # its records were not kept: its window restarts (with a warning)
             win_len = min(settings.window, remaining)
@@ -428,6 +443,46 @@ class WeDLMModelState(DefaultModelState):
         if self.allowed_mask is not None:  # every admitted request sets its slot's row
             self._staged_allowed.append((slot, rp.allowed_bitmask(
                 values.allowed_token_ids, self.vocab_size) if used["allowed"] else None))
+
+    def _admit_bad_words(self, slot: int, params, outputs: list[int]) -> None:
+        """The request's bad words (as vLLM tokenized them, checked in the frontend) and
+        its committed outputs' tail, staged; the host facts."""
+        words = rp.bad_words_token_ids(getattr(params, "bad_words_token_ids", None),
+                                       "bad_words", self.vocab_size) or ()
+        self._bad_word_count[slot] = len(words)
+        self._bad_word_len[slot] = max(map(len, words), default=0)
+        if words and self.bad_tokens is None:
+            self.bad_tokens = torch.full(
+                (self.max_num_reqs, rp.MAX_BAD_WORDS, rp.MAX_BAD_WORD_TOKENS), -1,
+                dtype=torch.int64, device=self.device)
+            self.bad_lengths = torch.zeros((self.max_num_reqs, rp.MAX_BAD_WORDS),
+                                           dtype=torch.int64, device=self.device)
+            self.bad_tail = torch.full((self.max_num_reqs, rp.MAX_BAD_WORD_TOKENS - 1), -1,
+                                       dtype=torch.int64, device=self.device)
+        if words:
+            self._staged_bad_words.append((slot, words, outputs))
+
+    def _apply_staged_bad_words(self) -> None:
+        """Land the admissions' words and tails: one host-to-device copy each."""
+        staged, self._staged_bad_words = self._staged_bad_words, []
+        if not staged:
+            return
+        tail_len = rp.MAX_BAD_WORD_TOKENS - 1
+        tokens = np.full((len(staged), rp.MAX_BAD_WORDS, rp.MAX_BAD_WORD_TOKENS), -1,
+                         dtype=np.int64)
+        lengths = np.zeros((len(staged), rp.MAX_BAD_WORDS), dtype=np.int64)
+        tails = np.full((len(staged), tail_len), -1, dtype=np.int64)
+        for index, (_, words, outputs) in enumerate(staged):
+            for j, word in enumerate(words):
+                tokens[index, j, : len(word)] = word
+                lengths[index, j] = len(word)
+            last = outputs[-tail_len:]
+            if last:
+                tails[index, tail_len - len(last):] = last
+        slots = torch.tensor([slot for slot, _, _ in staged], device=self.device)
+        self.bad_tokens.index_copy_(0, slots, torch.from_numpy(tokens).to(self.device))
+        self.bad_lengths.index_copy_(0, slots, torch.from_numpy(lengths).to(self.device))
+        self.bad_tail.index_copy_(0, slots, torch.from_numpy(tails).to(self.device))
 
     def _admit_logprobs(self, slot: int, request_id: str, params, resumes: bool) -> bool:
         """The request's logprobs: the host fact, the store (allocated with the first
@@ -497,6 +552,7 @@ class WeDLMModelState(DefaultModelState):
             return
         self._request_of[slot] = ""
         self._structured[slot] = False
+        self._bad_word_count[slot] = self._bad_word_len[slot] = 0
         count = int(self._num_logprobs[slot])
         self._num_logprobs[slot] = -1
         if count >= 0:  # its records, for a resume (copies on the device; nothing waits)
@@ -541,6 +597,7 @@ class WeDLMModelState(DefaultModelState):
         its saved row) scattered into their slots."""
         super().apply_staged_writes()
         self._apply_staged_rules()
+        self._apply_staged_bad_words()
         saves, admissions = self._staged_saves, self._staged_admissions
         if not saves and not admissions:
             return
@@ -878,6 +935,28 @@ class WeDLMSampler:
             frequency_penalty=frequency, repetition_penalty=repetition,
             allowed_mask=take(state.allowed_mask) if rules["allowed"] else None)
 
+    def _bad_words(self, step: dict, live_len: torch.Tensor, cu_rows: torch.Tensor,
+                   row_pos: torch.Tensor) -> tuple | None:
+        """The step's bad words, as :func:`wedlm_kernels.bad_words.ban_bad_words` takes
+        them after the logits (None when no request of the step has any)."""
+        state = self.state
+        slots_np, slots = step["slots_np"], step["slots"]
+        num_words = int(state._bad_word_count[slots_np].max(initial=0))
+        if num_words == 0:
+            return None
+        word_len = int(state._bad_word_len[slots_np].max())
+        words = bw.BadWords(state.bad_tokens.index_select(0, slots)[:, :num_words, :word_len],
+                            state.bad_lengths.index_select(0, slots)[:, :num_words])
+        tail = state.bad_tail.index_select(0, slots)
+        known, first = bw.known_tokens(
+            state.win_tokens.index_select(0, slots), state.win_mask.index_select(0, slots),
+            live_len, state.ctx_len.index_select(0, slots),
+            tail[:, tail.shape[1] - (word_len - 1):])
+        rows = torch.arange(row_pos.shape[0], device=slots.device)
+        owner = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
+            0, slots.shape[0] - 1)
+        return words, owner, row_pos, known, first
+
     def _keep_logprobs(self, logits: torch.Tensor, token: torch.Tensor, selected: torch.Tensor,
                        cu_rows: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor,
                        num_logprobs: int) -> None:
@@ -953,6 +1032,11 @@ class WeDLMSampler:
         raw = None
         if num_logprobs >= 0 and state.logprobs_mode.startswith("raw"):
             raw = logits.clone() if any(rules.values()) or grammar is not None else logits
+        # bad words (host facts: the most words and the longest word of the step's
+        # requests): ban what would complete one, before the rules (as vLLM orders them)
+        bad_words = self._bad_words(step, live_len, cu_rows, row_pos)
+        if bad_words is not None:
+            bw.ban_bad_words(logits, *bad_words)
         if any(rules.values()):
             self._apply_rules(logits, cu_rows, row_pos, slots, rules)
         if grammar is not None:
@@ -965,6 +1049,8 @@ class WeDLMSampler:
         if grammar is not None:  # every decided slot filled; rejected ones masked again
             grammar.force_selected(selected)
             grammar.remask(win_tokens, win_mask, state.mask_token_id)
+        if bad_words is not None:  # ... and leave unfilled what completes one with this step
+            selected = bw.unfill_bad_words(selected, token, *bad_words)
         ctx_len, finished = take(state.ctx_len), take(state.finished)
         if num_logprobs >= 0:  # the records of the slots this step fills
             self._keep_logprobs(raw if raw is not None else logits, token, selected,
@@ -997,6 +1083,9 @@ class WeDLMSampler:
 
         stepped = live_len > 0
         committed = out_len
+        if state.bad_tail is not None:  # the committed outputs' tail, for the next step
+            state.bad_tail.index_copy_(0, slots, bw.committed_tail(
+                state.bad_tail.index_select(0, slots), out_tokens, committed))
         if rules["penalties"]:  # the step's commits join the counts the penalties read
             counted = torch.arange(out_tokens.shape[1], device=logits.device) < committed[:, None]
             state.output_counts.index_put_(

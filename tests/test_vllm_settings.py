@@ -187,7 +187,7 @@ def test_the_request_check_names_a_bad_rule_value(fields, name):
 @pytest.mark.parametrize("fields, name", [
     (dict(logprob_token_ids=[3]), "logprob_token_ids"),
     (dict(prompt_logprobs=0), "prompt_logprobs"),
-    (dict(bad_words=["x"]), "bad_words"),
+    (dict(bad_words=["x"], structured_outputs=object()), "bad_words"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),
     (dict(extra_args={"wedlm_threshold": 1}), "extra_args['wedlm_threshold']"),
     # the canvas is the engine's: a request cannot choose its rows

@@ -58,13 +58,18 @@ def known_tokens(win_tokens: torch.Tensor, win_mask: torch.Tensor, win_len: torc
                  ctx_len: torch.Tensor, tail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(known [B, T + S], first [B])``: the committed tail then the window.
 
-    Args:
-        win_tokens, win_mask: ``[B, S]`` the window (int64, bool: True for a mask).
-        win_len: ``[B]`` int32, the live slots.
-        ctx_len: ``[B]`` int32, the committed tokens, prompt included (slot ``s`` is at
-            logical position ``ctx_len + s``).
-        tail: ``[B, T]`` int64, the tokens at positions ``ctx_len - T .. ctx_len - 1``
-            (``-1`` for a prompt position or before the sequence).
+    Parameters
+    ----------
+    win_tokens, win_mask : torch.Tensor
+        ``[B, S]`` the window (int64; bool, True for a mask).
+    win_len : torch.Tensor
+        ``[B]`` int32, the live slots.
+    ctx_len : torch.Tensor
+        ``[B]`` int32, the committed tokens, prompt included (slot ``s`` is at logical
+        position ``ctx_len + s``).
+    tail : torch.Tensor
+        ``[B, T]`` int64, the tokens at positions ``ctx_len - T .. ctx_len - 1`` (``-1``
+        for a prompt position or before the sequence).
     """
     slots = torch.arange(win_tokens.shape[1], device=win_tokens.device)
     live = (slots < win_len[:, None]) & ~win_mask
@@ -110,13 +115,19 @@ def ban_bad_words(logits: torch.Tensor, words: BadWords, row_sequence: torch.Ten
     """Rule 1, in place: ``logits[r, w_i] = -inf`` where writing ``w_i`` at row ``r``'s
     slot completes word ``w`` with the known tokens.
 
-    Args:
-        logits: ``[R, V]`` (any float dtype).
-        words: the batch's :class:`BadWords` ``[B, N, L]``.
-        row_sequence: ``[R]`` int64, each row's sequence (in ``[0, B)``).
-        row_pos: ``[R]`` int64, the logical position a row fills (``< 0``: not a mask row,
-            untouched).
-        known, first: :func:`known_tokens`' (the state the step was fed).
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[R, V]``, any float dtype; modified.
+    words : BadWords
+        The batch's words ``[B, N, L]``.
+    row_sequence : torch.Tensor
+        ``[R]`` int64, each row's sequence (in ``[0, B)``).
+    row_pos : torch.Tensor
+        ``[R]`` int64, the logical position a row fills (``< 0``: not a mask row,
+        untouched).
+    known, first : torch.Tensor
+        :func:`known_tokens`' (the state the step was fed).
     """
     word_len = words.tokens.shape[2]
     neighbourhood = _neighbourhood(known, first, row_sequence, row_pos.clamp(min=0), word_len)

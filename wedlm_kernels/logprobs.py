@@ -78,20 +78,30 @@ def row_records(logits: torch.Tensor, token: torch.Tensor, num_logprobs: int, mo
                 ) -> Records:
     """The record of every row's ``token`` under ``mode``'s distribution.
 
-    Args:
-        logits: ``[R, V]`` fp32, fp16 or bf16: the rows' logits at ``mode``'s stage (raw: as
-            the model gave them; processed: after the logit rules), not modified.
-        token: ``[R]`` int64, the rows' tokens (``select_tokens``' output).
-        num_logprobs: ``K``, the alternatives per row, ``0 <= K <= V``.
-        mode: one of :data:`MODES`.
-        cu_rows, temperature, top_k, top_p: ``select_tokens``' arguments (``[B+1]`` int32,
-            ``[B]`` fp32, ``[B]`` int32, ``[B]`` fp32), needed by the processed modes only.
-            A row outside every sequence gets temperature 0 (no scaling, no filter).
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[R, V]`` float32, float16 or bfloat16: the rows' logits at ``mode``'s stage (raw:
+        as the model gave them; processed: after the logit rules); not modified.
+    token : torch.Tensor
+        ``[R]`` int64, the rows' tokens (``select_tokens``' output).
+    num_logprobs : int
+        ``K``, the alternatives per row, ``0 <= K <= V``.
+    mode : str
+        One of :data:`MODES`.
+    cu_rows, temperature, top_k, top_p : torch.Tensor or None
+        ``select_tokens``' arguments (``[B+1]`` int32, ``[B]`` float32, ``[B]`` int32,
+        ``[B]`` float32), needed by the processed modes only. A row outside every
+        sequence gets temperature 0 (no scaling, no filter).
 
-    Returns:
-        :class:`Records` ``[R, 1 + K]``, ``[R]``.
+    Returns
+    -------
+    Records
+        ``token_ids`` and ``logprobs`` ``[R, 1 + K]``, ``ranks`` ``[R]``.
 
-    Example::
+    Examples
+    --------
+    ::
 
         token, selected, _ = wk.select_tokens(logits, cu_rows, row_pos, ...)
         records = row_records(logits, token, 5, "raw_logprobs")
@@ -141,16 +151,22 @@ def keep_filled(store: Records, records: Records, sequence: torch.Tensor,
                 place: torch.Tensor, filled: torch.Tensor) -> None:
     """Write the records of the rows that fill a slot into ``store``, in place.
 
-    Args:
-        store: from :func:`empty_store`, ``[N, P + 1, 1 + Ks]``.
-        records: :func:`row_records`' ``[R, 1 + K]`` with ``K <= Ks`` (columns past ``K``
-            are written as token 0, ``-inf``).
-        sequence: ``[R]`` int64, the store row of each row's sequence (in ``[0, N)`` where
-            ``filled``).
-        place: ``[R]`` int64, the place of the slot each row fills (in ``[0, P)`` where
-            ``filled``).
-        filled: ``[R]`` bool, the rows that fill a slot (``selected & row_pos >= 0``).
-            Two filled rows never share a (sequence, place).
+    Parameters
+    ----------
+    store : Records
+        From :func:`empty_store`, ``[N, P + 1, 1 + Ks]``.
+    records : Records
+        :func:`row_records`' ``[R, 1 + K]`` with ``K <= Ks`` (columns past ``K`` are
+        written as token 0, ``-inf``).
+    sequence : torch.Tensor
+        ``[R]`` int64, the store row of each row's sequence (in ``[0, N)`` where
+        ``filled``).
+    place : torch.Tensor
+        ``[R]`` int64, the place of the slot each row fills (in ``[0, P)`` where
+        ``filled``).
+    filled : torch.Tensor
+        ``[R]`` bool, the rows that fill a slot (``selected & row_pos >= 0``). Two filled
+        rows never share a (sequence, place).
     """
     places = store.ranks.shape[1] - 1
     width = store.token_ids.shape[2]

@@ -90,3 +90,18 @@ def test_the_logit_rules_read_nothing_back(engine, forbid_host_reads):
                               use_tqdm=False)
     assert all(o.finished for o in outputs)
     assert forbid_host_reads["sampler"] > 5
+
+
+def test_logprobs_and_bad_words_read_nothing_back(engine, forbid_host_reads):
+    """The records of the filled slots, the committed ones laid out for vLLM, and the bad
+    words' ban, unfill and tail (the step's widths are host facts)."""
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=3, ignore_eos=True,
+                             logprobs=3, bad_words=["e", "the"]),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=0),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True,
+                             bad_words=["a b"], presence_penalty=0.5)]
+    outputs = engine.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]], params,
+                              use_tqdm=False)
+    assert all(o.finished for o in outputs)
+    assert outputs[0].outputs[0].logprobs and outputs[1].outputs[0].logprobs
+    assert forbid_host_reads["sampler"] > 5

@@ -1006,6 +1006,13 @@ VLLM_MUTATIONS += [
         "records (the slot's next occupant's, or nothing)", keyword="preemption",
     ),
     Mutation(
+        "vllm-bad-words-kept-from-the-slots-last-request", VLLM_STATE,
+        (("        if self.bad_tokens is not None:  # every admitted request sets its slot's rows\n",
+          "        if words:  # every admitted request sets its slot's rows\n"),),
+        VLLM_BAD_WORDS, "a request without bad words inherits the words its slot's previous "
+        "request left", keyword="mixes",
+    ),
+    Mutation(
         "vllm-bad-words-tail-not-advanced", VLLM_STATE,
         (("            state.bad_tail.index_copy_(0, slots, bw.committed_tail(\n"
           "                state.bad_tail.index_select(0, slots), out_tokens, committed))",

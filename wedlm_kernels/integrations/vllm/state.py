@@ -446,7 +446,9 @@ class WeDLMModelState(DefaultModelState):
 
     def _admit_bad_words(self, slot: int, params, outputs: list[int]) -> None:
         """The request's bad words (as vLLM tokenized them, checked in the frontend) and
-        its committed outputs' tail, staged; the host facts."""
+        its committed outputs' tail, staged (none for a request without bad words, once
+        the buffers exist: a slot's rows never keep its last request's words); the host
+        facts."""
         words = rp.bad_words_token_ids(getattr(params, "bad_words_token_ids", None),
                                        "bad_words", self.vocab_size) or ()
         self._bad_word_count[slot] = len(words)
@@ -459,7 +461,7 @@ class WeDLMModelState(DefaultModelState):
                                            dtype=torch.int64, device=self.device)
             self.bad_tail = torch.full((self.max_num_reqs, rp.MAX_BAD_WORD_TOKENS - 1), -1,
                                        dtype=torch.int64, device=self.device)
-        if words:
+        if self.bad_tokens is not None:  # every admitted request sets its slot's rows
             self._staged_bad_words.append((slot, words, outputs))
 
     def _apply_staged_bad_words(self) -> None:

@@ -750,16 +750,14 @@ class Generator:
         return logits.clone() if any(self._rules.values()) or grammar is not None else logits
 
     def _keep_logprobs(self, s: BatchState, raw: torch.Tensor | None, logits: torch.Tensor,
-                       cu_rows: torch.Tensor, row_pos: torch.Tensor, token: torch.Tensor,
-                       filled: torch.Tensor) -> None:
-        """Keep the records of the rows that fill a slot at the slot's output index."""
+                       cu_rows: torch.Tensor, row_pos: torch.Tensor, sequence: torch.Tensor,
+                       token: torch.Tensor, filled: torch.Tensor) -> None:
+        """Keep the records of the rows that fill a slot at the slot's output index
+        (``sequence``: each row's batch row)."""
         if not self._logprobs:
             return
         records = row_records(raw if raw is not None else logits, token, self._widths["Kl"],
                               self.logprobs_mode, cu_rows, s.temperature, s.top_k, s.top_p)
-        rows = torch.arange(row_pos.shape[0], device=self._device)
-        sequence = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
-            0, s.size - 1)
         place = row_pos - s.output_start.long()[sequence]
         keep_filled(Records(s.logprob_ids, s.logprob_values, s.logprob_ranks), records,
                     sequence, place, filled)
@@ -877,9 +875,9 @@ class Generator:
         if grammar is not None:
             row_pos = grammar.mask_logits(logits, row_pos)
         raw = self._logprob_source(logits, grammar)
+        row_sequence = torch.arange(batch * window, device=self._device) // window
         if self._widths["Nb"]:  # bad words: ban what would complete one
             words, known, first = self._bad_word_state(s)
-            row_sequence = torch.arange(batch * window, device=self._device) // window
             bad_words.ban_bad_words(logits, words, row_sequence, row_pos, known, first)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
@@ -894,7 +892,8 @@ class Generator:
         if self._widths["Nb"]:  # ... and leave unfilled what completes one with this step
             selected = bad_words.unfill_bad_words(selected, token, words, row_sequence,
                                                   row_pos, known, first)
-        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, token, selected & (row_pos >= 0))
+        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, row_sequence, token,
+                            selected & (row_pos >= 0))
         if self.trace is not None and self.graphs is None:
             self.trace.append(self._snapshot(s, row_pos, logits))
         live = (s.win_len > 0) & ~s.finished
@@ -942,10 +941,10 @@ class Generator:
         if grammar is not None:
             grammar.mask_logits(logits, row_pos)
         raw = self._logprob_source(logits, grammar)
+        row_sequence = torch.arange(batch, device=self._device)  # one row per sequence
         if self._widths["Nb"]:  # (every other place of a word is committed: the ban suffices)
             words, known, first = self._bad_word_state(s)
-            bad_words.ban_bad_words(logits, words, torch.arange(batch, device=self._device),
-                                    row_pos, known, first)
+            bad_words.ban_bad_words(logits, words, row_sequence, row_pos, known, first)
         self._apply_rules(s, logits, cu_rows, row_pos)
         if grammar is not None:
             grammar.restore_dead_rows(logits)
@@ -953,7 +952,8 @@ class Generator:
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
             torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,
         )
-        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, token, live & (row_pos >= 0))
+        self._keep_logprobs(s, raw, logits, cu_rows, row_pos, row_sequence, token,
+                            live & (row_pos >= 0))
         out_len_before = s.out_len.clone()
         index = s.out_len.long().clamp(max=s.out_tokens.shape[1] - 1)[:, None]
         current = s.out_tokens.gather(1, index)

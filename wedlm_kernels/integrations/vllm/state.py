@@ -813,7 +813,7 @@ class WeDLMModelState(DefaultModelState):
 
         self.row_counts += torch.stack([canvas_rows.sum(), live_len.sum().long()])
         self._step = {"batch": input_batch, "slots": slots, "live_len": live_len,
-                      "row_pos": row_pos,
+                      "row_pos": row_pos, "logit_owner": logit_owner,
                       "query_len": (query_start[1:] - query_start[:-1]).to(torch.int32),
                       "num_logits": num_logits.to(torch.int32),
                       "slots_np": input_batch.idx_mapping_np[:num_reqs]}
@@ -937,8 +937,8 @@ class WeDLMSampler:
             frequency_penalty=frequency, repetition_penalty=repetition,
             allowed_mask=take(state.allowed_mask) if rules["allowed"] else None)
 
-    def _bad_words(self, step: dict, live_len: torch.Tensor, cu_rows: torch.Tensor,
-                   row_pos: torch.Tensor) -> tuple | None:
+    def _bad_words(self, step: dict, live_len: torch.Tensor, row_pos: torch.Tensor
+                   ) -> tuple | None:
         """The step's bad words, as :func:`wedlm_kernels.bad_words.ban_bad_words` takes
         them after the logits (None when no request of the step has any)."""
         state = self.state
@@ -954,20 +954,15 @@ class WeDLMSampler:
             state.win_tokens.index_select(0, slots), state.win_mask.index_select(0, slots),
             live_len, state.ctx_len.index_select(0, slots),
             tail[:, tail.shape[1] - (word_len - 1):])
-        rows = torch.arange(row_pos.shape[0], device=slots.device)
-        owner = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
-            0, slots.shape[0] - 1)
-        return words, owner, row_pos, known, first
+        return words, step["logit_owner"], row_pos, known, first
 
     def _keep_logprobs(self, logits: torch.Tensor, token: torch.Tensor, selected: torch.Tensor,
                        cu_rows: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor,
-                       num_logprobs: int) -> None:
+                       owner: torch.Tensor, num_logprobs: int) -> None:
         """Keep the record of every row that fills a slot, at its place: its logical
-        position modulo the window's capacity (a window's live slots never share one)."""
+        position modulo the window's capacity (a window's live slots never share one).
+        ``owner``: each logit row's request (prepare_inputs')."""
         state = self.state
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        owner = (torch.searchsorted(cu_rows.long(), rows, right=True) - 1).clamp(
-            0, slots.shape[0] - 1)
         records = lp.row_records(
             logits, token, num_logprobs, state.logprobs_mode, cu_rows,
             state.temperature.index_select(0, slots), state.top_k.index_select(0, slots),
@@ -1036,7 +1031,7 @@ class WeDLMSampler:
             raw = logits.clone() if any(rules.values()) or grammar is not None else logits
         # bad words (host facts: the most words and the longest word of the step's
         # requests): ban what would complete one, before the rules (as vLLM orders them)
-        bad_words = self._bad_words(step, live_len, cu_rows, row_pos)
+        bad_words = self._bad_words(step, live_len, row_pos)
         if bad_words is not None:
             bw.ban_bad_words(logits, *bad_words)
         if any(rules.values()):
@@ -1056,7 +1051,7 @@ class WeDLMSampler:
         ctx_len, finished = take(state.ctx_len), take(state.finished)
         if num_logprobs >= 0:  # the records of the slots this step fills
             self._keep_logprobs(raw if raw is not None else logits, token, selected,
-                                cu_rows, row_pos, slots, num_logprobs)
+                                cu_rows, row_pos, slots, step["logit_owner"], num_logprobs)
             committed_from = ctx_len.clone()
         max_new, stop_ids = take(state.max_new), take(state.stop_ids)
         width = state.settings.canvas_length

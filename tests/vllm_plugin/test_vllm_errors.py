@@ -107,19 +107,6 @@ def test_pipeline_parallelism_is_refused(wedlm_checkpoint):
         Engines.start(wedlm_checkpoint, pipeline_parallel_size=2)
 
 
-def test_a_custom_logits_processor_is_refused_at_startup(wedlm_checkpoint):
-    """vLLM runs custom logits processors inside its sampler, which WeDLM's replaces: the
-    engine refuses to start rather than skip one without a word."""
-    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
-
-    class Doubling(LogitsProcessor):
-        def apply(self, logits, ctx):
-            return logits * 2
-
-    with pytest.raises(Exception, match="does not run vLLM's custom logits processors"):
-        Engines.start(wedlm_checkpoint, logits_processors=[Doubling])
-
-
 def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
     with pytest.raises(Exception, match="mask_token_id"):
         Engines.start(wedlm_checkpoint, hf_overrides={"mask_token_id": None})

@@ -31,6 +31,7 @@ import vllm
 from vllm.logger import init_logger
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
@@ -82,6 +83,10 @@ BUFFER_SOURCES = {
 # The host-side flag of a slot per rule group (the sampler passes a group to process_logits
 # only when a request of the step uses it).
 RULES = rp.LOGIT_RULES
+# vLLM's built-in logits processors (bias, penalties, bad words), which WeDLM's rules replace;
+# every other processor of vLLM's sampler is a custom one (--logits-processors, or a
+# vllm.logits_processors entry point), run on the window's rows
+BUILTIN_PROCESSORS = "vllm.v1.worker.gpu.sample."
 
 
 def _owners(starts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -832,19 +837,8 @@ class WeDLMModelState(DefaultModelState):
             self._host_events[turn].record()
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, None]:
-        # vLLM's logits processors run inside its own sampler, which WeDLM's replaces: a
-        # custom one (--logits-processors, or a vllm.logits_processors entry point) would
-        # be skipped without a word, so the engine refuses to start with one
-        custom = [type(processor).__qualname__ for processor in
-                  getattr(sampler, "logits_processors", ())
-                  if not type(processor).__module__.startswith("vllm.v1.worker.gpu.sample.")]
-        if custom:
-            raise ValueError(
-                f"WeDLM decoding does not run vLLM's custom logits processors ({custom}): "
-                "their apply() reads each logits row as the next token of its request, while "
-                "a WeDLM step's rows are window slots at logical positions (docs/vllm.md). "
-                "The request rules WeDLM serves (penalties, min_p, min_tokens, logit_bias, "
-                "allowed_token_ids) need none")
+        # vLLM's own sampler (with the custom logits processors it built, if any) stays
+        # inside WeDLM's: its add_request and staged writes keep the processors' state
         return WeDLMSampler(self, sampler), None
 
     def request_stats(self, req_id: str) -> dict[str, int] | None:
@@ -896,6 +890,9 @@ class WeDLMSampler:
         self.compute_nans = False
         self._no_tokens = torch.zeros((state.max_num_reqs, 1), dtype=torch.int64,
                                       device=state.device)
+        self.custom_processors = [
+            processor for processor in getattr(base_sampler, "logits_processors", ())
+            if not type(processor).__module__.startswith(BUILTIN_PROCESSORS)]
 
     # What vLLM's runner reads from a sampler besides calling it.
     @property
@@ -936,6 +933,39 @@ class WeDLMSampler:
             output_counts=counts, prompt_mask=prompt_mask, presence_penalty=presence,
             frequency_penalty=frequency, repetition_penalty=repetition,
             allowed_mask=take(state.allowed_mask) if rules["allowed"] else None)
+
+    def _run_custom_processors(self, logits: torch.Tensor, input_batch, step: dict,
+                               row_pos: torch.Tensor) -> torch.Tensor:
+        """vLLM's custom logits processors on the step's rows, each row presented as the
+        prediction of its slot's token (docs/vllm.md, "Custom logits processors"): a row
+        that decides the slot at logical position ``q`` has ``pos = q - 1`` and
+        ``input_ids`` the token at ``q - 1`` (committed, filled, or the mask id where that
+        slot is undecided); a row that decides nothing (a filled slot's, padding) is shown
+        as the request's last committed position, and what a processor writes there is
+        never read. The logits are float32, as vLLM hands them to its processors."""
+        state = self.state
+        num_logits = logits.shape[0]
+        owner, slots = step["logit_owner"], step["slots"]
+        row_slot = slots.long()[owner]  # [R]
+        ctx_len = state.ctx_len.index_select(0, slots).long()[owner]  # [R]
+        pos = torch.where(row_pos >= 0, row_pos - 1, ctx_len - 1)
+        place = (pos - ctx_len).clamp(0, state.win_tokens.shape[1] - 1)
+        window_token = torch.where(state.win_mask[row_slot, place], state.mask_token_id,
+                                   state.win_tokens[row_slot, place])
+        committed = self.req_states.all_token_ids.gpu[row_slot, pos.clamp(min=0)]
+        context = LogitsContext(
+            expanded_idx_mapping=input_batch.expanded_idx_mapping[:num_logits],
+            idx_mapping=slots, idx_mapping_np=step["slots_np"],
+            expanded_local_pos=input_batch.expanded_local_pos[:num_logits],
+            input_ids=torch.where(pos < ctx_len, committed.long(), window_token.long()),
+            pos=pos,
+            seq_lens_upper_bound_np=input_batch.seq_lens_cpu_upper_bound.numpy()[
+                : input_batch.num_reqs])
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        for processor in self.custom_processors:
+            logits = processor.apply(logits, context)
+        return logits
 
     def _bad_words(self, step: dict, live_len: torch.Tensor, row_pos: torch.Tensor
                    ) -> tuple | None:
@@ -1026,16 +1056,28 @@ class WeDLMSampler:
         # logprobs: the most alternatives a request of the step asks for (a host fact;
         # -1: none), and in a raw mode the logits before the rules change them in place
         num_logprobs = int(state._num_logprobs[step["slots_np"]].max(initial=-1))
+        # vLLM's custom logits processors, when one of them (or a built-in rule) takes a
+        # request of the step (a host fact vLLM's sampler keeps)
+        custom = bool(self.custom_processors) and bool(
+            self.base.needs_logits_processing[step["slots_np"]].any())
         raw = None
         if num_logprobs >= 0 and state.logprobs_mode.startswith("raw"):
-            raw = logits.clone() if any(rules.values()) or grammar is not None else logits
+            changed = any(rules.values()) or grammar is not None or custom
+            raw = logits.clone() if changed else logits
         # bad words (host facts: the most words and the longest word of the step's
         # requests): ban what would complete one, before the rules (as vLLM orders them)
         bad_words = self._bad_words(step, live_len, row_pos)
         if bad_words is not None:
             bw.ban_bad_words(logits, *bad_words)
-        if any(rules.values()):
-            self._apply_rules(logits, cu_rows, row_pos, slots, rules)
+        # vLLM's order: bias and penalties, the custom processors, then min_p
+        before = {**rules, "min_p": rules["min_p"] and not custom}
+        if any(before.values()):
+            self._apply_rules(logits, cu_rows, row_pos, slots, before)
+        if custom:
+            logits = self._run_custom_processors(logits, input_batch, step, row_pos)
+            if rules["min_p"]:
+                self._apply_rules(logits, cu_rows, row_pos, slots,
+                                  {rule: rule == "min_p" for rule in RULES})
         if grammar is not None:
             grammar.restore_dead_rows(logits)
         token, selected, _ = wk.select_tokens(

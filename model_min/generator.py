@@ -112,6 +112,10 @@ class SamplingParams:
     # how many of the most likely tokens each position also lists (0 .. 64; -1: the whole
     # vocabulary, when it has at most 64 tokens). Result.logprobs holds them.
     logprobs: int | None = None
+    # Or the tokens each position lists instead of the most likely (vLLM's
+    # logprob_token_ids): 1 .. 128 ids of the vocabulary, in order, repeats kept; with
+    # logprobs also set, logprobs must equal their count. [] is None.
+    logprob_token_ids: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         def name(field: str) -> str:
@@ -137,11 +141,23 @@ class SamplingParams:
                                                       name("allowed_token_ids"))
         self.bad_words_token_ids = rp.bad_words_token_ids(self.bad_words_token_ids,
                                                           name("bad_words_token_ids"))
-        self.logprobs = rp.logprobs(self.logprobs, name("logprobs"))
+        logprobs = rp.logprobs(self.logprobs, name("logprobs"))
+        self.logprob_token_ids = rp.logprob_token_ids(
+            self.logprob_token_ids, name("logprob_token_ids"), logprobs=self.logprobs)
+        self.logprobs = logprobs
         if self.grammar is not None and not callable(self.grammar):
             raise rp.ParameterTypeError(
                 f"{name('grammar')} must be a function returning a grammar, got "
                 f"{type(self.grammar).__name__}", name("grammar"))
+
+
+def num_logprobs(params: SamplingParams) -> int | None:
+    """The entries a position of ``params``' logprobs lists besides the committed token
+    (vLLM's ``SamplingParams.num_logprobs``): ``logprobs``, else the number of
+    ``logprob_token_ids``, else None (no logprobs)."""
+    if params.logprobs is not None:
+        return params.logprobs
+    return len(params.logprob_token_ids) if params.logprob_token_ids else None
 
 
 def parse_threshold(text: str) -> float | None:
@@ -161,7 +177,8 @@ class Result:
     seed: int  # the seed used (drawn when SamplingParams.seed was None)
     text: str | None = None  # decoded token_ids when the Generator has a tokenizer
     # with SamplingParams.logprobs: per token, its entry and the most likely tokens' of
-    # the distribution its slot was filled from (as vLLM's SampleLogprobs, without text)
+    # the distribution its slot was filled from (as vLLM's SampleLogprobs, without text);
+    # with logprob_token_ids, those tokens' entries instead of the most likely
     logprobs: list[dict[int, Logprob]] | None = None
 
 
@@ -338,7 +355,7 @@ class Generator:
         self._mode = mode
         self._rules = self._rules_of(requests)
         self._grammars = any(r.grammar is not None for r in requests)
-        self._logprobs = any(r.params.logprobs is not None for r in requests)
+        self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
             if self.graphs is not None:
@@ -406,7 +423,10 @@ class Generator:
             rp.logit_bias(p.logit_bias, f"prompt {index}: logit_bias", vocab)
             rp.allowed_token_ids(p.allowed_token_ids, f"prompt {index}: allowed_token_ids",
                                  vocab)
+            logprobs = p.logprobs
             p.logprobs = rp.logprobs(p.logprobs, f"prompt {index}: logprobs", vocab)
+            p.logprob_token_ids = rp.logprob_token_ids(
+                p.logprob_token_ids, f"prompt {index}: logprob_token_ids", vocab, logprobs)
             rp.bad_words_token_ids(p.bad_words_token_ids,
                                    f"prompt {index}: bad_words_token_ids", vocab)
             if p.bad_words_token_ids and p.grammar is not None:
@@ -466,9 +486,14 @@ class Generator:
             "Nb": max(len(r.params.bad_words_token_ids or ()) for r in requests),
             "Lb": max((len(w) for r in requests for w in r.params.bad_words_token_ids or ()),
                       default=0),
-            # logprob records: -1 when no request of the call asks for logprobs
-            "Kl": max((r.params.logprobs for r in requests if r.params.logprobs is not None),
-                      default=-1),
+            # logprob records: the most entries a request lists besides its token (-1 when
+            # no request of the call asks for logprobs), the most top alternatives of a
+            # request that names no tokens, the most tokens a request names
+            "Kl": max((n for n in map(num_logprobs, (r.params for r in requests))
+                       if n is not None), default=-1),
+            "Kt": max((r.params.logprobs for r in requests if r.params.logprobs is not None
+                       and not r.params.logprob_token_ids), default=0),
+            "Cl": max(len(r.params.logprob_token_ids or ()) for r in requests),
         }
 
     @staticmethod
@@ -643,7 +668,7 @@ class Generator:
     def _logprobs_of(state: BatchState, row: int, request: _Request
                      ) -> list[dict[int, Logprob]] | None:
         """A finished request's logprobs: the records its committed places hold."""
-        count = request.params.logprobs
+        count = num_logprobs(request.params)
         if count is None:
             return None
         length = int(state.out_len[row])
@@ -695,7 +720,7 @@ class Generator:
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
             **self._admit_rules(requests),
-            **self._admit_logprobs(count),
+            **self._admit_logprobs(requests),
             **self._admit_bad_words(requests),
         )
         if not any(r.prompt for r in requests):
@@ -708,10 +733,15 @@ class Generator:
             self._ar_commit(state, self.model.logits(last_hidden), live, grammar)
         return state
 
-    def _admit_logprobs(self, count: int) -> dict[str, torch.Tensor]:
+    def _admit_logprobs(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
         """Empty logprob records of newly admitted requests: one place per output index,
-        and a spare (wedlm_kernels.logprobs); no place when the call asks for none."""
-        width = self._widths["Kl"]
+        and a spare (wedlm_kernels.logprobs); no place when the call asks for none. And
+        the tokens each request names (its logprob_token_ids, -1 padded)."""
+        count, width, named = len(requests), self._widths["Kl"], self._widths["Cl"]
+        chosen = torch.tensor(
+            [list(r.params.logprob_token_ids or ()) + [-1] * (named - len(
+                r.params.logprob_token_ids or ())) for r in requests],
+            dtype=torch.int64, device=self._device).view(count, named)
         if width < 0:
             store = Records(torch.zeros((count, 0, 0), dtype=torch.int64, device=self._device),
                             torch.zeros((count, 0, 0), device=self._device),
@@ -719,7 +749,7 @@ class Generator:
         else:
             store = empty_store(count, self._widths["T"], width, self._device)
         return dict(logprob_ids=store.token_ids, logprob_values=store.logprobs,
-                    logprob_ranks=store.ranks)
+                    logprob_ranks=store.ranks, logprob_chosen=chosen)
 
     def _admit_bad_words(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
         words = bad_words.pack([[list(w) for w in r.params.bad_words_token_ids or ()]
@@ -756,8 +786,9 @@ class Generator:
         (``sequence``: each row's batch row)."""
         if not self._logprobs:
             return
-        records = row_records(raw if raw is not None else logits, token, self._widths["Kl"],
-                              self.logprobs_mode, cu_rows, s.temperature, s.top_k, s.top_p)
+        records = row_records(raw if raw is not None else logits, token, self._widths["Kt"],
+                              self.logprobs_mode, cu_rows, s.temperature, s.top_k, s.top_p,
+                              chosen_ids=s.logprob_chosen if self._widths["Cl"] else None)
         place = row_pos - s.output_start.long()[sequence]
         keep_filled(Records(s.logprob_ids, s.logprob_values, s.logprob_ranks), records,
                     sequence, place, filled)

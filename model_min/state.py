@@ -48,6 +48,7 @@ _PADDING = {
     "logprob_ids": 0,
     "logprob_values": -math.inf,
     "logprob_ranks": 0,
+    "logprob_chosen": -1,
     "bad_tokens": -1,
     "bad_lengths": 0,
 }
@@ -88,10 +89,13 @@ class BatchState:
     allowed_mask: torch.Tensor  # [B, ceil(V / 32) or 0] int32 bitmask (all ones: any token)
     # Logprob records (wedlm_kernels.logprobs), one place per output index and a spare; no
     # place when no request of the call asks for logprobs (T1 = T + 1 or 0, K = the most
-    # alternatives a request asks for).
-    logprob_ids: torch.Tensor  # [B, T1, 1 + K] int64: the token, then the most likely
+    # entries a request lists besides its token, C = the most tokens a request names).
+    logprob_ids: torch.Tensor  # [B, T1, 1 + K] int64: the token, then the most likely or
+    #                            the named tokens
     logprob_values: torch.Tensor  # [B, T1, 1 + K] fp32
     logprob_ranks: torch.Tensor  # [B, T1] int64: the token's rank
+    logprob_chosen: torch.Tensor  # [B, C] int64: the named tokens (logprob_token_ids), -1
+    #                               padded
     # bad words (wedlm_kernels.bad_words): Nb words of up to Lb tokens (0: no request of
     # the call has any)
     bad_tokens: torch.Tensor  # [B, Nb, Lb] int64, -1 padded

@@ -751,6 +751,16 @@ MUTATIONS: list[Mutation] = [
         "which wrap onto other slots' records",
     ),
     Mutation(
+        "logprobs-named-tokens-ignored", "wedlm_kernels/logprobs.py",
+        (("        names = (named >= 0).any(dim=1, keepdim=True)  # [R, 1]: the row lists its "
+          "named tokens",
+          "        names = (named < -1).any(dim=1, keepdim=True)  # [R, 1]: the row lists its "
+          "named tokens"),),
+        LOGPROBS_TESTS, "a sequence's chosen ids (logprob_token_ids) are ignored: its rows "
+        "list the top K, padded to the width, instead of the named tokens",
+        keyword="named_tokens_replace_the_top_k",
+    ),
+    Mutation(
         "logprobs-raw-mode-reads-the-processed-logits", "model_min/generator.py",
         (("        if not self._logprobs or self.logprobs_mode.startswith(\"processed\"):",
           "        if True:"),),

@@ -210,6 +210,38 @@ def test_ar_mode_equals_hf_greedy_generate(tiny):
         assert (result.forwards, result.tokens_per_forward, result.p_cache) == (10, 1.0, 1.0)
 
 
+@pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "raw_logits"])
+def test_ar_named_token_logprobs_are_the_causal_models_values(tiny, logprobs_mode):
+    """AR: each token's entry lists the token and exactly the named ids (logprob_token_ids),
+    valued by the causal model's logits at its position (log-softmax or the logits
+    themselves), the token with its rank, id j with rank j; a top-K request beside it keeps
+    its top-K."""
+    hf, model = tiny
+    named = [5, 9, 5, 200]
+    generator = Generator(model, window=4, page_size=4, logprobs_mode=logprobs_mode)
+    params = [SamplingParams(max_new_tokens=6, logprob_token_ids=named),
+              SamplingParams(max_new_tokens=6, logprobs=2)]
+    results = generator.generate(PROMPTS[:2], params, mode="ar")
+    for prompt, result in zip(PROMPTS[:2], results):
+        assert len(result.logprobs) == len(result.token_ids) == 6
+        for j, (token, entry) in enumerate(zip(result.token_ids, result.logprobs)):
+            ids = prompt + result.token_ids[:j]
+            with torch.no_grad():
+                logits = hf_logits(hf, ids, range(len(ids)))[-1].double()
+            values = (torch.log_softmax(logits, -1) if logprobs_mode == "raw_logprobs"
+                      else logits)
+            rank = int((logits >= logits[token]).sum())
+            if result is results[1]:
+                assert entry[token].rank == rank and len(entry) in (2, 3)
+                continue
+            expected = {token: (float(values[token]), rank)}
+            expected.update((t, (float(values[t]), c)) for c, t in enumerate(named, start=1))
+            assert list(entry) == list(expected)
+            for t, (value, token_rank) in expected.items():
+                assert entry[t].rank == token_rank
+                assert entry[t].logprob == pytest.approx(value, abs=1e-4)
+
+
 def test_cached_kv_of_committed_positions_equals_hf_causal_forward(tiny):
     hf, model = tiny
     generator = Generator(model, window=4, page_size=4, max_batch=4)
@@ -392,9 +424,12 @@ def test_row_buckets_hold_the_live_rows_with_less_than_an_eighth_of_padding():
     assert [row_bucket(n, 4096) for n in (9, 17, 18, 19, 129, 1000)] == [9, 18, 18, 20, 144, 1024]
 
 
+@pytest.mark.parametrize("logprobs", [False, True], ids=["plain", "logprobs"])
 @pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
-def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypatch):
-    """No tensor value reaches the host inside a decode step. The attention of CPU tensors
+def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, logprobs,
+                                                          monkeypatch):
+    """No tensor value reaches the host inside a decode step (with logprobs: a top-K
+    request, one naming tokens and a plain one in a batch). The attention of CPU tensors
     loops over sequences on the host by design (paged_attention_torch_per_sequence: free on
     a CPU); here it is the static-shape path CUDA tensors take with the PyTorch backend."""
     _, model = tiny
@@ -424,9 +459,15 @@ def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, monkeypat
     for name in FORBIDDEN:
         monkeypatch.setattr(torch.Tensor, name, forbid(name))
     monkeypatch.setattr(generator, "_step", guarded_step)
-    results = generator.generate(PROMPTS, SamplingParams(max_new_tokens=8, threshold=2.8),
-                                 mode=mode)
+    params = SamplingParams(max_new_tokens=8, threshold=2.8)
+    if logprobs:
+        params = [dataclasses.replace(params, logprobs=3),
+                  dataclasses.replace(params, logprob_token_ids=[4, 7, 4, 1, 2]), params,
+                  dataclasses.replace(params, logprobs=1, logprob_token_ids=[9])]
+    results = generator.generate(PROMPTS, params, mode=mode)
     assert all(len(r.token_ids) == 8 for r in results)
+    assert [r.logprobs is not None for r in results] == (
+        [True, True, False, True] if logprobs else [False] * 4)
 
 
 @pytest.fixture
@@ -534,6 +575,40 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
         if mode == "streaming":  # and several row buckets
             assert max(len(graphs) for _, graphs in generator.graphs.batches.values()) >= 2
         assert len(generator.cache.free_pages) == generator.cache.num_pages
+
+
+def test_graph_bucket_path_keeps_the_logprobs_of_eager_decoding(tiny):
+    """Padded batch rows (a graph bucket's) name no tokens: every request's logprobs,
+    named tokens and top-K alike, equal eager decoding's."""
+    from model_min.graphs import StepGraphs
+
+    _, model = tiny
+
+    class EagerGraphs(StepGraphs):
+        def _capture(self, static, mode, rows):
+            return _EagerReplay(self.step, static, mode, rows)
+
+    asks = (dict(logprob_token_ids=[3, 8, 3]), dict(logprobs=4), {},
+            dict(logprob_token_ids=list(range(10, 16))))
+    params = [SamplingParams(max_new_tokens=n, threshold=2.8, temperature=0.8, seed=s, **ask)
+              for n, s, ask in zip((14, 5, 20, 9), range(4), asks)]
+    for mode in ("streaming", "ar"):
+        eager = Generator(model, window=4, page_size=4, max_batch=3).generate(
+            PROMPTS, params, mode=mode)
+        generator = Generator(model, window=4, page_size=4, max_batch=3)
+        generator.graphs = EagerGraphs(generator._step)
+        results = generator.generate(PROMPTS, params, mode=mode)
+        assert [r.token_ids for r in results] == [r.token_ids for r in eager]
+        for result, alone in zip(results, eager):
+            if alone.logprobs is None:
+                assert result.logprobs is None
+                continue
+            assert [{t: e.rank for t, e in p.items()} for p in result.logprobs] == [
+                {t: e.rank for t, e in p.items()} for p in alone.logprobs]
+            assert [e.logprob for p in result.logprobs for e in p.values()] == pytest.approx(
+                [e.logprob for p in alone.logprobs for e in p.values()], abs=1e-4)
+        assert all(set(p) == {t, 3, 8} for t, p in zip(results[0].token_ids,
+                                                        results[0].logprobs))
 
 
 def test_auto_window_keeps_batch_times_window_plus_one_rows_under_the_memory_bound():

@@ -53,6 +53,8 @@ def checked(field: str, value, **context):
         "logprobs": lambda v: rp.logprobs(v, "G", context.get("vocab_size", VOCAB)),
         "bad_words_token_ids": lambda v: rp.bad_words_token_ids(
             v, "D", context.get("vocab_size", VOCAB)),
+        "logprob_token_ids": lambda v: rp.logprob_token_ids(
+            v, "H", context.get("vocab_size", VOCAB), context.get("logprobs")),
     }
     try:
         return checks[field](value)
@@ -83,7 +85,7 @@ def test_every_accepted_value_fits_its_buffer_and_every_refusal_names_the_field(
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if isinstance(result, ParameterError):
-        assert result.parameter in "WMTPXKQSNIAFRYZBLCGD"
+        assert result.parameter in "WMTPXKQSNIAFRYZBLCGDH"
         assert str(result).startswith(result.parameter)
     elif dtype is not None and result is not None:
         if field == "bad_words_token_ids":  # stored as the words' ids, -1 padded
@@ -237,6 +239,7 @@ def test_logit_bias_and_allowed_token_ids_are_ids_in_the_vocabulary():
     ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
     ("repetition_penalty", "repetition_penalty"), ("min_p", "min_p"),
     ("min_tokens", "min_tokens"), ("allowed_token_ids", "allowed_token_ids"),
+    ("logprob_token_ids", "logprob_token_ids"),
 ])
 @pytest.mark.parametrize("value", EDGE_VALUES, ids=[repr(v)[:20] for v in EDGE_VALUES])
 def test_model_min_sampling_params_accept_and_store_what_the_definition_does(
@@ -245,7 +248,8 @@ def test_model_min_sampling_params_accept_and_store_what_the_definition_does(
     base = {"temperature": 1.0} if field in ("top_k", "top_p", "min_p") else {}
     # model_min checks the ids against the model's vocabulary later (Generator.generate)
     # (and min_tokens against SamplingParams' default max_new_tokens, 256)
-    expected = checked(field, value, **({"vocab_size": None} if field == "allowed_token_ids"
+    expected = checked(field, value, **({"vocab_size": None} if field in (
+                                            "allowed_token_ids", "logprob_token_ids")
                                         else {"max_tokens": 256} if field == "min_tokens"
                                         else {}))
     try:
@@ -277,3 +281,60 @@ def test_bad_words_are_token_id_lists_within_vllms_bounds():
         error = checked("bad_words_token_ids", bad, vocab_size=10 if message == "outside"
                         else 1000)
         assert isinstance(error, ParameterError) and message in str(error), (bad, error)
+
+
+def test_logprob_token_ids_are_at_most_128_ids_in_the_vocabulary_repeats_kept():
+    assert rp.MAX_LOGPROB_TOKEN_IDS == 128
+    assert rp.logprob_token_ids([5, 3, 5], "H", 10) == (5, 3, 5)  # order and repeats kept
+    assert rp.logprob_token_ids(None, "H") is None and rp.logprob_token_ids([], "H") is None
+    assert rp.logprob_token_ids(range(128), "H", 1000) == tuple(range(128))
+    assert rp.logprob_token_ids([0, 999], "H", 1000) == (0, 999)
+    assert rp.logprob_token_ids([2**63 - 1], "H") == (2**63 - 1,)  # vocabulary not known
+    for bad, message in [(list(range(129)), "may hold at most 128 token ids, got 129"),
+                         ([1000], r"has token ids outside the vocabulary \[0, 1000\): \[1000\]"),
+                         ([3, -1], r"has token ids outside the vocabulary \[0, 1000\): \[-1\]")]:
+        with pytest.raises(ParameterError, match=f"^H {message}") as error:
+            rp.logprob_token_ids(bad, "H", 1000)
+        assert error.value.parameter == "H"
+    with pytest.raises(ParameterError, match=r"outside \[0, 2\*\*63\)"):
+        rp.logprob_token_ids([2**63], "H")
+
+
+def test_logprob_token_ids_are_integers_not_bools_and_numpy_integers_pass():
+    np = pytest.importorskip("numpy")
+    stored = rp.logprob_token_ids(np.array([4, 2], dtype=np.int32), "H", 10)
+    assert stored == (4, 2) and all(type(t) is int for t in stored)
+    assert rp.logprob_token_ids([np.int64(7)], "H", 10) == (7,)
+    for bad in ([True], [1.0], [None], [[1]], "12", b"12", {1: 2}, 7, 1.5):
+        error = checked("logprob_token_ids", bad)
+        assert isinstance(error, ParameterTypeError), bad
+        assert error.parameter == "H" and str(error).startswith("H must be")
+
+
+@pytest.mark.parametrize("logprobs, ids, accepted", [
+    (3, [1, 2, 3], True), (True, [4], True), (0, [], True), (None, [1, 2], True),
+    (2, [1, 2, 3], False), (4, [1, 2, 3], False), (-1, [1, 2], False), (3, [], False),
+    (1.0, [1], False), (False, [1], False)])
+def test_logprobs_beside_logprob_token_ids_must_be_their_count(logprobs, ids, accepted):
+    """vLLM's rule (SamplingParams._validate_logprobs): with both set, logprobs equals
+    len(logprob_token_ids), the empty list's 0 included; the error names the ids."""
+    result = checked("logprob_token_ids", ids, logprobs=logprobs)
+    if accepted:
+        assert result == (tuple(ids) or None)
+    else:
+        assert isinstance(result, ParameterError) and result.parameter == "H"
+        assert str(result).startswith("H: when logprobs is set beside it, logprobs must "
+                                      f"equal its length {len(ids)}")
+
+
+def test_model_min_checks_logprob_token_ids_by_name_beside_logprobs():
+    assert SamplingParams(logprob_token_ids=[9, 9]).logprob_token_ids == (9, 9)
+    assert SamplingParams(logprob_token_ids=[]).logprob_token_ids is None
+    assert SamplingParams(logprobs=True, logprob_token_ids=[3]).logprobs == 1
+    with pytest.raises(ParameterError, match="^SamplingParams.logprob_token_ids: when "
+                       "logprobs is set beside it") as error:
+        SamplingParams(logprobs=2, logprob_token_ids=[1, 2, 3])
+    assert error.value.parameter == "SamplingParams.logprob_token_ids"
+    with pytest.raises(ParameterError, match="^SamplingParams.logprob_token_ids may hold at "
+                       "most 128"):
+        SamplingParams(logprob_token_ids=[1] * 129)

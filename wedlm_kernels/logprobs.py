@@ -14,7 +14,11 @@ was filled from, at the step that filled it, so the step that fills a slot takes
 A record is vLLM's row of ``LogprobsTensors``: column 0 the token, columns ``1 .. K`` the
 ``K`` most likely tokens of the slot's distribution (ties in an order ``torch.topk``
 chooses), their values, and the token's rank (``1 +`` the tokens strictly more likely, as
-vLLM counts ties: the number of tokens whose logit is at least the token's). Each place of
+vLLM counts ties: the number of tokens whose logit is at least the token's). A sequence
+that names its tokens (vLLM's ``logprob_token_ids``, ``chosen_ids`` here) gets, in columns
+``1 .. C``, those tokens in its order, repeats kept, with their values under the same
+distribution, in place of the top ``K``; a record of a step is ``1 + max(K, C)`` wide and
+a row's columns past its own count hold token 0, ``-inf``. Each place of
 a sequence holds the record of the last fill of that place, so a slot filled again (a
 grammar's rejected slot, masked again) keeps its new record. The places are the caller's:
 model_min keeps one per output index; the vLLM plugin one per window slot modulo the
@@ -31,16 +35,21 @@ The distribution (vLLM's ``logprobs_mode``, one per engine):
   the tokens top-k and top-p drop set to ``-inf``: the distribution ``select_tokens`` draws
   the token from.
 
-Everything here is batched torch on the device and reads nothing back to the host; the one
-host value is the width ``K`` (the most alternatives a request of the step asks for).
+Everything here is batched torch on the device and reads nothing back to the host; the
+host values are the widths ``K`` (the most top alternatives a request of the step asks for)
+and ``C`` (the most named tokens).
 """
 
 from typing import NamedTuple
 
 import torch
 
+from ._validate import Dims, check_tensor
 from .ops.select import kept_tokens
-from .request_params import MAX_LOGPROBS  # noqa: F401  (the most alternatives a request gets)
+from .request_params import (
+    MAX_LOGPROB_TOKEN_IDS,  # noqa: F401  (the most named tokens)
+    MAX_LOGPROBS,  # noqa: F401  (the most alternatives a request gets)
+)
 
 MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 
@@ -54,7 +63,8 @@ class Logprob(NamedTuple):
 
 class Records(NamedTuple):
     """Logprob records: ``token_ids`` and ``logprobs`` ``[..., 1 + K]`` (int64, fp32; column
-    0 the chosen token), ``ranks`` ``[...]`` int64 (the chosen token's rank)."""
+    0 the chosen token, then the top ``K`` or the named tokens, ``K`` the wider of the two
+    counts), ``ranks`` ``[...]`` int64 (the chosen token's rank)."""
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
@@ -62,6 +72,7 @@ class Records(NamedTuple):
 
 
 def check_mode(mode: str, name: str = "logprobs_mode") -> str:
+    """``mode`` if it is one of :data:`MODES`, else a ``ValueError`` naming ``name``."""
     if mode not in MODES:
         raise ValueError(f"{name} must be one of {', '.join(MODES)}, got {mode!r}")
     return mode
@@ -69,14 +80,35 @@ def check_mode(mode: str, name: str = "logprobs_mode") -> str:
 
 def _row_of_sequence(values: torch.Tensor, sequence: torch.Tensor, fill: float | int
                      ) -> torch.Tensor:
+    """``values`` ``[B]`` of each row's ``sequence`` ``[R]`` (``B``: ``fill``)."""
     return torch.cat([values, values.new_full((1,), fill)])[sequence]
+
+
+def _sequence_of_rows(cu_rows: torch.Tensor, num_rows: int, device: torch.device
+                      ) -> torch.Tensor:
+    """``[R]`` int64: each row's sequence, ``B`` for a row outside every sequence."""
+    rows = torch.arange(num_rows, device=device)
+    sequence = torch.searchsorted(cu_rows.long(), rows, right=True) - 1
+    num_sequences = cu_rows.shape[0] - 1
+    return torch.where((sequence >= 0) & (sequence < num_sequences), sequence, num_sequences)
+
+
+def _pad_columns(token_ids: torch.Tensor, values: torch.Tensor, width: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, n]`` columns padded on the right to ``width`` with token 0, ``-inf``."""
+    extra = width - token_ids.shape[1]
+    if extra <= 0:
+        return token_ids, values
+    return (torch.nn.functional.pad(token_ids, (0, extra), value=0),
+            torch.nn.functional.pad(values, (0, extra), value=float("-inf")))
 
 
 def row_records(logits: torch.Tensor, token: torch.Tensor, num_logprobs: int, mode: str,
                 cu_rows: torch.Tensor | None = None, temperature: torch.Tensor | None = None,
-                top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None
-                ) -> Records:
-    """The record of every row's ``token`` under ``mode``'s distribution.
+                top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+                chosen_ids: torch.Tensor | None = None) -> Records:
+    """The record of every row's ``token`` under ``mode``'s distribution: the token's value
+    and rank, then the ``K`` most likely tokens, or the tokens its sequence names.
 
     Parameters
     ----------
@@ -86,18 +118,41 @@ def row_records(logits: torch.Tensor, token: torch.Tensor, num_logprobs: int, mo
     token : torch.Tensor
         ``[R]`` int64, the rows' tokens (``select_tokens``' output).
     num_logprobs : int
-        ``K``, the alternatives per row, ``0 <= K <= V``.
+        ``K``, the top alternatives per row, ``0 <= K <= V``.
     mode : str
         One of :data:`MODES`.
-    cu_rows, temperature, top_k, top_p : torch.Tensor or None
-        ``select_tokens``' arguments (``[B+1]`` int32, ``[B]`` float32, ``[B]`` int32,
-        ``[B]`` float32), needed by the processed modes only. A row outside every
-        sequence gets temperature 0 (no scaling, no filter).
+    cu_rows : torch.Tensor or None
+        ``[B+1]`` int32, ``select_tokens``' row offsets: the rows of sequence ``b`` are
+        ``cu_rows[b] .. cu_rows[b+1] - 1``. Needed by the processed modes and by
+        ``chosen_ids``.
+    temperature, top_k, top_p : torch.Tensor or None
+        ``select_tokens``' ``[B]`` float32, ``[B]`` int32 and ``[B]`` float32, needed by
+        the processed modes only. A row outside every sequence gets temperature 0 (no
+        scaling, no filter).
+    chosen_ids : torch.Tensor or None
+        ``[B, C]`` int64, the tokens each sequence names (vLLM's ``logprob_token_ids``),
+        entries ``< 0`` padding. A row of a sequence with at least one entry ``>= 0`` gets
+        columns ``1 .. C`` = its sequence's entries in order (a padding entry: token 0,
+        ``-inf``), each with its value under ``mode``'s distribution, instead of the top
+        ``K``; the other rows (a row outside every sequence too) keep the top ``K``. None:
+        every row the top ``K``.
 
     Returns
     -------
     Records
-        ``token_ids`` and ``logprobs`` ``[R, 1 + K]``, ``ranks`` ``[R]``.
+        ``token_ids`` ``[R, 1 + max(K, C)]`` int64 (column 0 ``token``), ``logprobs``
+        ``[R, 1 + max(K, C)]`` float32 and ``ranks`` ``[R]`` int64 (the number of tokens
+        whose value is at least the token's). Columns past a row's own count (``K``, or
+        ``C`` for a row that names its tokens) hold token 0, ``-inf``.
+
+    Raises
+    ------
+    ValueError
+        A mode not in :data:`MODES`, ``K`` outside ``[0, V]``, a processed mode or
+        ``chosen_ids`` without ``cu_rows`` (and the sampling tensors), or ``chosen_ids``
+        of the wrong shape.
+    TypeError
+        ``chosen_ids`` or ``cu_rows`` not a tensor of its dtype.
 
     Examples
     --------
@@ -105,21 +160,31 @@ def row_records(logits: torch.Tensor, token: torch.Tensor, num_logprobs: int, mo
 
         token, selected, _ = wk.select_tokens(logits, cu_rows, row_pos, ...)
         records = row_records(logits, token, 5, "raw_logprobs")
+        # sequence 0 names tokens 17 and 3, sequence 1 lists its 5 most likely
+        chosen = torch.tensor([[17, 3], [-1, -1]])
+        records = row_records(logits, token, 5, "raw_logprobs", cu_rows, chosen_ids=chosen)
+        # records.token_ids: [R, 6]; sequence 0's rows [token, 17, 3, 0, 0, 0]
     """
     check_mode(mode, "mode")
     num_rows, vocab_size = logits.shape
     if not 0 <= num_logprobs <= vocab_size:
         raise ValueError(f"num_logprobs must be in [0, {vocab_size}] (the vocabulary), "
                          f"got {num_logprobs}")
+    processed = mode.startswith("processed")
+    if processed and (cu_rows is None or temperature is None or top_k is None
+                      or top_p is None):
+        raise ValueError("the processed modes need cu_rows, temperature, top_k and top_p")
+    if chosen_ids is not None:
+        if cu_rows is None:
+            raise ValueError("chosen_ids needs cu_rows (the rows of each sequence)")
+        dims = Dims()
+        check_tensor("cu_rows", cu_rows, torch.int32, ("B+1",), dims)
+        check_tensor("chosen_ids", chosen_ids, torch.int64, ("B", None), dims)
     x = logits.float()
-    if mode.startswith("processed"):
-        if cu_rows is None or temperature is None or top_k is None or top_p is None:
-            raise ValueError("the processed modes need cu_rows, temperature, top_k and top_p")
-        rows = torch.arange(num_rows, device=x.device)
-        sequence = torch.searchsorted(cu_rows.long(), rows, right=True) - 1
-        num_sequences = cu_rows.shape[0] - 1
-        sequence = torch.where((sequence >= 0) & (sequence < num_sequences), sequence,
-                               num_sequences)
+    sequence = None
+    if processed or chosen_ids is not None:
+        sequence = _sequence_of_rows(cu_rows, num_rows, x.device)
+    if processed:
         row_temperature = _row_of_sequence(temperature.float(), sequence, 0.0)[:, None]
         sampled = row_temperature > 0
         kept = kept_tokens(torch.where(torch.isnan(x), float("-inf"), x),
@@ -131,6 +196,22 @@ def row_records(logits: torch.Tensor, token: torch.Tensor, num_logprobs: int, mo
     if num_logprobs > 0:
         token_ids = torch.cat([token_ids, torch.topk(x, num_logprobs, dim=-1).indices], dim=1)
     values = x.gather(1, token_ids)
+    if chosen_ids is not None and chosen_ids.shape[1] > 0:
+        # each row's sequence's named tokens ([R, C]; a row outside every sequence: none)
+        padding = chosen_ids.new_full((1, chosen_ids.shape[1]), -1)
+        named = torch.cat([chosen_ids, padding])[sequence]
+        names = (named >= 0).any(dim=1, keepdim=True)  # [R, 1]: the row lists its named tokens
+        # (an id past the vocabulary, which the front ends refuse, reads as padding)
+        listed = (named >= 0) & (named < vocab_size)
+        named_ids = torch.where(listed, named, 0)
+        named_values = torch.where(listed, x.gather(1, named_ids), float("-inf"))
+        width = 1 + max(num_logprobs, chosen_ids.shape[1])
+        token_ids, values = _pad_columns(token_ids, values, width)
+        named_ids, named_values = _pad_columns(named_ids, named_values, width - 1)
+        token_ids = torch.cat([token_ids[:, :1],
+                               torch.where(names, named_ids, token_ids[:, 1:])], dim=1)
+        values = torch.cat([values[:, :1], torch.where(names, named_values, values[:, 1:])],
+                           dim=1)
     if mode.endswith("logprobs"):
         values = values - torch.logsumexp(x, dim=-1, keepdim=True)
     ranks = (x >= x.gather(1, token_ids[:, :1])).sum(-1)

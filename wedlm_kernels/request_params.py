@@ -44,6 +44,10 @@ returns the value as it is stored in the device buffer that holds it
     logprobs           -          None or integer 0 .. min(64,     -1: the vocabulary (when it
                                   vocabulary)                      has at most 64 tokens);
                                                                    True: 1 (vLLM's reading)
+    logprob_token_ids  int64      None or 1 .. 128 ids in the      None and []: none;
+                                  vocabulary (repeats kept); with  repeated ids kept
+                                  logprobs set, logprobs must be
+                                  their count
 
 A boolean is never a number here (``True`` is not the integer 1), with one exception
 that follows vLLM's order of checks: a greedy request (temperature 0) ignores ``top_k``,
@@ -117,6 +121,10 @@ FIELDS = {
     "logprobs": (None, "None or an integer from 0 to 64 and at most the vocabulary (the "
                  "alternatives listed per token); -1 means the whole vocabulary when it has "
                  "at most 64 tokens, True means 1 (vLLM's readings)"),
+    "logprob_token_ids": ("int64", "None or a list of at most 128 token ids, each in [0, "
+                          "vocabulary), repeats kept (listed per token beside the committed "
+                          "token, in their order); an empty list means None; with logprobs "
+                          "also set, logprobs must equal the list's length (vLLM's rule)"),
 }
 
 
@@ -506,6 +514,78 @@ def logprobs(value: Any, name: str, vocab_size: int | None = None) -> int | None
     if not 0 <= result <= most:
         _fail(name, what, value)
     return result
+
+
+# The most token ids a request's logprob_token_ids may name (vLLM's MAX_LOGPROB_TOKEN_IDS;
+# wedlm_kernels.logprobs keeps their columns in a slot's record instead of the top-K).
+MAX_LOGPROB_TOKEN_IDS = 128
+
+
+def logprob_token_ids(values: Any, name: str, vocab_size: int | None = None,
+                      logprobs: Any = None) -> tuple[int, ...] | None:
+    """The token ids whose log-probabilities a request's logprobs list per token, beside
+    the committed token's (vLLM's ``SamplingParams.logprob_token_ids``, in place of the
+    top-K): None, or 1 to :data:`MAX_LOGPROB_TOKEN_IDS` integer ids, in their order,
+    repeats kept (vLLM keeps them).
+
+    Parameters
+    ----------
+    values : Any
+        None or an iterable of integer token ids (Python's or numpy's; a bool is not an
+        id). An empty one means None.
+    name : str
+        The field's name as the caller gave it, for the error.
+    vocab_size : int or None
+        Every id must be in ``[0, vocab_size)``; ``[0, 2**63)`` while the vocabulary is not
+        known.
+    logprobs : Any
+        The request's ``logprobs`` as the caller gave it (None: not set). When set it must
+        equal the number of ids, the empty list's 0 included (vLLM's
+        ``SamplingParams._validate_logprobs``).
+
+    Returns
+    -------
+    tuple of int or None
+        The ids as given, or None for None and an empty list. A request's ``num_logprobs``
+        (the alternatives listed per token) is then their count.
+
+    Raises
+    ------
+    ParameterTypeError
+        ``values`` is not a list of integers.
+    ParameterError
+        More than 128 ids, an id outside the vocabulary, or ``logprobs`` that is not their
+        count. The message starts with ``name`` and ``parameter`` is ``name``.
+
+    Examples
+    --------
+    >>> logprob_token_ids([5, 3, 5], "logprob_token_ids", 10)
+    (5, 3, 5)
+    >>> logprob_token_ids([], "logprob_token_ids") is None
+    True
+    """
+    if values is None:
+        return None
+    what = "None or a list of integer token ids"
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise ParameterTypeError(f"{name} must be {what}, got {values!r:.80}", name)
+    ids = list(values)
+    bad = [t for t in ids if not is_integer(t)]
+    if bad:
+        raise ParameterTypeError(f"{name} must be {what}, got {bad[0]!r:.80} in it", name)
+    if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+        raise ParameterError(f"{name} may hold at most {MAX_LOGPROB_TOKEN_IDS} token ids, got "
+                             f"{len(ids)}", name)
+    end = INT64_MAX + 1 if vocab_size is None else vocab_size
+    outside = [int(t) for t in ids if not 0 <= t < end]
+    if outside:
+        bound = "[0, 2**63)" if vocab_size is None else f"the vocabulary [0, {vocab_size})"
+        raise ParameterError(f"{name} has token ids outside {bound}: {outside[:5]}", name)
+    if logprobs is not None and (not is_integer(logprobs) and logprobs is not True
+                                 or logprobs != len(ids)):
+        raise ParameterError(f"{name}: when logprobs is set beside it, logprobs must equal "
+                             f"its length {len(ids)}, got logprobs={logprobs!r:.80}", name)
+    return tuple(int(t) for t in ids) or None
 
 
 def bitmask_words(vocab_size: int) -> int:

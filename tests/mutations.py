@@ -978,10 +978,26 @@ VLLM_RULES = ("tests/vllm_plugin/test_vllm_sampling_params.py",)
 VLLM_MUTATIONS += [
     Mutation(
         "vllm-logit-rules-not-applied", VLLM_STATE,
-        (("        if any(rules.values()):\n            self._apply_rules(",
+        (("        if any(before.values()):\n            self._apply_rules(",
           "        if False:\n            self._apply_rules("),),
         VLLM_RULES, "the sampler never runs process_logits: every rule is ignored",
         keyword="each_rule and logit_bias and greedy",
+    ),
+    Mutation(
+        "vllm-custom-processors-see-the-slots-own-position", VLLM_STATE,
+        (("pos = torch.where(row_pos >= 0, row_pos - 1, ctx_len - 1)",
+          "pos = torch.where(row_pos >= 0, row_pos, ctx_len - 1)"),),
+        ("tests/vllm_plugin/test_vllm_logits_processors.py",), "a custom processor reads "
+        "each deciding row as the prediction of the position after its slot",
+        keyword="reading_pos and greedy",
+    ),
+    Mutation(
+        "vllm-custom-processors-see-the-window-as-input", VLLM_STATE,
+        (("input_ids=torch.where(pos < ctx_len, committed.long(), window_token.long())",
+          "input_ids=window_token.long()"),),
+        ("tests/vllm_plugin/test_vllm_logits_processors.py",), "a custom processor is shown "
+        "a window token where the committed token at pos is",
+        keyword="each_row_as_its_slots_prediction",
     ),
     Mutation(
         "vllm-penalties-never-count-commits", VLLM_STATE,

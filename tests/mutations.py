@@ -1000,6 +1000,14 @@ VLLM_MUTATIONS += [
         keyword="each_row_as_its_slots_prediction",
     ),
     Mutation(
+        "vllm-named-logprob-ids-ignored", VLLM_STATE,
+        (("state.top_p.index_select(0, slots), chosen_ids=chosen)",
+          "state.top_p.index_select(0, slots), chosen_ids=None)"),),
+        ("tests/vllm_plugin/test_vllm_logprobs.py",), "a request's logprob_token_ids are "
+        "dropped: its records list the top alternatives instead",
+        keyword="named_token_logprobs and greedy",
+    ),
+    Mutation(
         "vllm-penalties-never-count-commits", VLLM_STATE,
         (("        if rules[\"penalties\"]:  # the step's commits join",
           "        if False:  # the step's commits join"),),

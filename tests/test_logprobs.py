@@ -241,6 +241,20 @@ def test_records_with_named_tokens_wait_in_a_store_as_wide_and_are_taken_back():
                        torch.ones(4, dtype=torch.bool))
 
 
+def test_a_widened_store_keeps_its_records_and_pads_the_new_columns():
+    store = lp.empty_store(2, 3, 2, torch.device("cpu"))
+    records = lp.row_records(random_logits(2, 11), torch.tensor([4, 7]), 2, "raw_logprobs")
+    lp.keep_filled(store, records, torch.tensor([0, 1]), torch.tensor([2, 0]),
+                   torch.tensor([True, True]))
+    wide = lp.widen_store(store, 5)
+    assert wide.token_ids.shape == wide.logprobs.shape == (2, 4, 6)
+    assert torch.equal(wide.token_ids[..., :3], store.token_ids)
+    assert torch.equal(wide.logprobs[..., :3], store.logprobs)
+    assert torch.equal(wide.ranks, store.ranks)
+    assert (wide.token_ids[..., 3:] == 0).all() and (wide.logprobs[..., 3:] == -INF).all()
+    assert lp.widen_store(wide, 4) is wide and lp.widen_store(wide, 5) is wide
+
+
 def test_a_position_of_named_tokens_is_vllms_dict_of_the_token_and_the_ids():
     """vLLM's frontend: the token with its rank, then id j with rank j; a repeated id, or
     one equal to the token, keeps its last column (a dict's later entry)."""

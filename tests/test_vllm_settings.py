@@ -91,7 +91,7 @@ def params(**fields):
     defaults = dict(n=1, logprobs=None, prompt_logprobs=None, presence_penalty=0.0,
                     frequency_penalty=0.0, repetition_penalty=1.0, min_p=0.0, min_tokens=0,
                     logit_bias=None, bad_words=None, allowed_token_ids=None,
-                    structured_outputs=None, extra_args=None,
+                    structured_outputs=None, extra_args=None, logprob_token_ids=None,
                     eos_token_id=None, stop_token_ids=[])
     return SimpleNamespace(**{**defaults, **fields})
 
@@ -170,6 +170,11 @@ def test_the_logit_rules_and_n_are_served():
     # at most 64 alternatives (and the vocabulary); -1 is the whole vocabulary of 264
     (dict(logprobs=65), "logprobs"), (dict(logprobs=-1), "logprobs"),
     (dict(logprobs=-2), "logprobs"), (dict(logprobs=False), "logprobs"),
+    # at most 128 named ids, in the vocabulary, as many as logprobs when both are set
+    (dict(logprob_token_ids=list(range(129))), "logprob_token_ids"),
+    (dict(logprob_token_ids=[264]), "logprob_token_ids"),
+    (dict(logprob_token_ids=[3, True]), "logprob_token_ids"),
+    (dict(logprobs=2, logprob_token_ids=[1, 2, 3]), "logprob_token_ids"),
 ])
 def test_the_request_check_names_a_bad_rule_value(fields, name):
     engine = engine_settings({"wedlm": {"window": 8}})
@@ -185,7 +190,6 @@ def test_the_request_check_names_a_bad_rule_value(fields, name):
 
 
 @pytest.mark.parametrize("fields, name", [
-    (dict(logprob_token_ids=[3]), "logprob_token_ids"),
     (dict(prompt_logprobs=0), "prompt_logprobs"),
     (dict(bad_words=["x"], structured_outputs=object()), "bad_words"),
     (dict(extra_args={"diffusion_max_steps": 4}), "extra_args['diffusion_max_steps']"),

@@ -228,6 +228,17 @@ def empty_store(sequences: int, places: int, num_logprobs: int, device: torch.de
                    torch.zeros(shape[:2], dtype=torch.int64, device=device))
 
 
+def widen_store(store: Records, num_logprobs: int) -> Records:
+    """``store`` with room for ``num_logprobs`` alternatives a record: its records kept, the
+    new columns token 0, ``-inf``; a store at least that wide is returned as it is."""
+    extra = 1 + num_logprobs - store.token_ids.shape[2]
+    if extra <= 0:
+        return store
+    return Records(torch.nn.functional.pad(store.token_ids, (0, extra), value=0),
+                   torch.nn.functional.pad(store.logprobs, (0, extra), value=float("-inf")),
+                   store.ranks)
+
+
 def keep_filled(store: Records, records: Records, sequence: torch.Tensor,
                 place: torch.Tensor, filled: torch.Tensor) -> None:
     """Write the records of the rows that fill a slot into ``store``, in place.

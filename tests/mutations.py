@@ -879,9 +879,10 @@ VLLM_MUTATIONS += [
     ),
 ]
 # A request value the device cannot hold must be refused in the frontend: with a bound
-# dropped, the fuzz test's draw reaches the worker, which raises and stops the engine.
+# dropped, the request reaches the worker, which raises and stops the engine (killed by the
+# one request of test_vllm_errors.py that the fuzz grid also sends, where that one fails).
 REQUEST_PARAMS = "wedlm_kernels/request_params.py"
-VLLM_FUZZ = ("tests/vllm_plugin/test_vllm_fuzz.py",)
+VLLM_ERRORS = ("tests/vllm_plugin/test_vllm_errors.py",)
 VLLM_MUTATIONS += [
     Mutation(
         "vllm-penalty-checked-only-for-finiteness", REQUEST_PARAMS,
@@ -889,22 +890,23 @@ VLLM_MUTATIONS += [
           "    return result + 0.0",
           "    if not math.isfinite(result) or result < 0:\n        _fail(name, what, value)\n"
           "    return result + 0.0"),),
-        VLLM_FUZZ, "a distance penalty of 1e300 passes the check, and add_request refuses to "
-        "store it in float32 (the engine stops)", keyword="every_edge_value",
+        VLLM_ERRORS, "a distance penalty of 1e300 passes the check, and add_request refuses to "
+        "store it in float32 (the engine stops)",
+        keyword="request_time_naming_it and wedlm_distance_penalty",
         expect="does not fit its float32 buffer",
     ),
     Mutation(
         "vllm-top-k-stored-past-int32", REQUEST_PARAMS,
         (("(top_k if 0 < top_k <= INT32_MAX else 0)", "(top_k if 0 < top_k else 0)"),),
-        VLLM_FUZZ, "a sampled request's top_k of 2**40 reaches the int32 buffer",
-        keyword="every_edge_value", expect="does not fit its torch.int32 buffer",
+        VLLM_ERRORS, "a sampled request's top_k of 2**40 reaches the int32 buffer",
+        keyword="top_k_past_int32", expect="does not fit its torch.int32 buffer",
     ),
     Mutation(
         "vllm-seed-past-int64", REQUEST_PARAMS,
         (("    if not INT64_MIN <= result <= INT64_MAX:\n        _fail(name, what, value)\n",
           ""),),
-        VLLM_FUZZ, "a seed of 2**64 reaches vLLM's and the plugin's int64 buffers",
-        keyword="every_edge_value",
+        ("tests/vllm_plugin/test_vllm_fuzz.py",), "a seed of 2**64 reaches vLLM's and the "
+        "plugin's int64 buffers (and model_min serves it)", keyword="every_edge_value",
         expect="does not fit its torch.int64 buffer",
     ),
     Mutation(
@@ -912,8 +914,8 @@ VLLM_MUTATIONS += [
         "settings.py",
         (("    values = request_values(engine, params, max_model_len)\n",
           "    values = request_values(engine, params)\n"),),
-        VLLM_FUZZ, "prompt_len + max_tokens overflows vLLM's int32 max_seq_len buffer",
-        keyword="every_edge_value", expect="out of bounds for int32",
+        VLLM_ERRORS, "prompt_len + max_tokens overflows vLLM's int32 max_seq_len buffer",
+        keyword="request_time_naming_it and max_tokens", expect="out of bounds for int32",
     ),
     Mutation(
         "vllm-stop-ids-without-room-for-eos", VLLM_STATE,

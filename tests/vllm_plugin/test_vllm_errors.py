@@ -25,6 +25,9 @@ UNSUPPORTED = [
     ("repetition_penalty", dict(repetition_penalty=1e-50)),
     ("seed", dict(n=2, temperature=1.0, seed=2**63 - 1)),
     ("stop_token_ids", dict(stop_token_ids=list(range(100, 125)))),
+    ("wedlm_distance_penalty", dict(extra_args={"wedlm_distance_penalty": 1e300})),
+    ("seed", dict(seed=2**64)),
+    ("max_tokens", dict(max_tokens=2**31 - 1)),  # prompt_len + max_tokens past int32
     # (served; vLLM's own checks let this one through: a bool is an int to it)
     ("logprob_token_ids", dict(logprob_token_ids=[1, True])),
     ("prompt_logprob_token_ids", dict(prompt_logprob_token_ids=[[0]] * 5)),
@@ -41,10 +44,23 @@ UNSUPPORTED = [
 @pytest.mark.parametrize("name, options", UNSUPPORTED, ids=[f"{n}-{i}" for i, (n, _) in
                                                             enumerate(UNSUPPORTED)])
 def test_an_unsupported_parameter_fails_at_request_time_naming_it(engine, name, options):
-    params = SamplingParams(max_tokens=8, **options)
+    params = SamplingParams(**{"max_tokens": 8, **options})
     with pytest.raises(VLLMValidationError, match=name) as failure:
         engine.generate([{"prompt_token_ids": PROMPTS[0]}], params, use_tqdm=False)
     assert name in failure.value.parameter  # the OpenAI server reports it as the "param"
+
+
+def test_a_top_k_past_int32_is_served_as_no_top_k(engine, reference):
+    """A sampled request's top_k of 2**40 (above the vocabulary, so no filter) is stored as
+    0, the int32 buffer's "off", and decodes as model_min's top_k=0."""
+    import model_min
+
+    from .test_vllm_decoding import reference_generate, vllm_generate
+
+    served = SamplingParams(max_tokens=8, temperature=0.8, seed=5, top_k=2**40, ignore_eos=True)
+    assert vllm_generate(engine, PROMPTS[:1], served) == reference_generate(
+        reference, PROMPTS[:1], model_min.SamplingParams(max_new_tokens=8, temperature=0.8,
+                                                         seed=5))
 
 
 @pytest.mark.parametrize("options", [

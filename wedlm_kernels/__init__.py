@@ -36,7 +36,7 @@ from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 __all__ = [
     "BACKEND",

@@ -189,7 +189,9 @@ def server_argv(server: str, model: str, port: int, dtype: str, device: str,
             "--block-size", "32" if device == "cpu" else "16", "--seed", "0",
             "--no-enable-prefix-caching", "--no-async-scheduling"]
     if device == "cpu":
-        argv.append("--enforce-eager")
+        # a cache of the 16 sequences at max_model_len: vLLM's CPU worker otherwise zeroes
+        # all of VLLM_CPU_KVCACHE_SPACE at start (seconds per server, the same scores)
+        argv += ["--enforce-eager", "--num-gpu-blocks-override", str(16 * -(-max_model_len // 32))]
     if server == "wedlm":
         argv += ["--hf-overrides", json.dumps({"architectures": ["WeDLMForCausalLM"]}),
                  "--additional-config", json.dumps({"wedlm": {"window": ENGINE_WINDOW}})]

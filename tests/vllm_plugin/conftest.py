@@ -3,7 +3,10 @@ the CPU: ``make test-vllm`` (their own venv, ``.venv-vllm``). Without vLLM insta
 are not collected (tests/conftest.py).
 
 The engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each starts in
-about 13 s on two cores, so one engine serves most tests. Model Runner V2's own Triton
+about 5 s on two cores, so one engine serves most tests. Each engine's cache holds exactly
+its ``max_num_seqs`` sequences at ``max_model_len`` (``num_gpu_blocks_override``, unless a
+test starves it on purpose): vLLM would otherwise zero the whole
+``VLLM_CPU_KVCACHE_SPACE`` (1 GiB), about 6 s of every start on these machines. Model Runner V2's own Triton
 kernels run in Triton's interpreter, through the test-only "cpu" backend of
 ``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
 """
@@ -15,12 +18,10 @@ import shutil
 import signal
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from .environment import ENGINE_ENVIRONMENT
+
+for _name, _value in ENGINE_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -105,6 +106,8 @@ class Engines:
                        structured_outputs_config={"backend": "xgrammar",
                                                   "disable_any_whitespace": True})
         options.update(overrides)
+        options.setdefault("num_gpu_blocks_override", options["max_num_seqs"] * -(
+            -options["max_model_len"] // options["block_size"]))
         return LLM(str(model), **options)
 
     @staticmethod

@@ -55,6 +55,9 @@ def server(wedlm_checkpoint, tmp_path_factory):
                                                    "disable_any_whitespace": True}),
         # tool_choice="required" asks for a parser (vLLM decodes those calls as JSON)
         "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+        # not in the README: a cache of the 4 sequences at MAX_MODEL_LEN (vLLM's CPU worker
+        # would otherwise zero all of VLLM_CPU_KVCACHE_SPACE at start, seconds per server)
+        "--num-gpu-blocks-override", str(4 * -(-MAX_MODEL_LEN // 32)),
     ]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
     with open(log, "w") as output:

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.vllm_plugin.environment import ENGINE_ENVIRONMENT
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1200
 
@@ -1098,12 +1100,16 @@ def make_copy(destination: Path, root: Path = ROOT) -> Path:
     return destination
 
 
-def _environment(copy: Path) -> dict[str, str]:
+def _environment(copy: Path, engine: bool = False) -> dict[str, str]:
     """The tests import the copy (first on the path, also for the subprocesses some tests
     start), write no bytecode that a later mutation could reuse, and run hypothesis without
-    shrinking a failing example; nothing from the caller's pytest options leaks in."""
+    shrinking a failing example; nothing from the caller's pytest options leaks in. With
+    ``engine``: the plugin's tests' vLLM environment as well (tests/vllm_plugin/environment.py;
+    the caller's values win, as in their conftest), since the server imports vLLM first."""
     env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1",
                HYPOTHESIS_PROFILE="mutation")
+    if engine:
+        env = {**ENGINE_ENVIRONMENT, **env}
     for name in ("WEDLM_KERNELS_BACKEND", "PYTEST_ADDOPTS", "PYTHONSAFEPATH"):
         env.pop(name, None)
     return env
@@ -1115,7 +1121,10 @@ def _environment(copy: Path) -> dict[str, str]:
 # per pytest run: the child imports the project (the mutated copy) itself, as a new process
 # would. The server must not import anything of the project (a module imported before the
 # mutation is written would hide it), nor start threads (a fork copies one thread only).
+# For the plugin's mutations it imports vLLM and its offline entry point as well (about 7 s
+# a run on an idle core), in the engine tests' environment.
 _PRELOADED = ("torch", "numpy", "triton", "hypothesis", "pytest", "transformers")
+_PRELOADED_ENGINE = ("vllm", "vllm.entrypoints.llm")
 _PROJECT = ("wedlm_kernels", "model_min", "reference", "bench", "tests", "examples")
 _SERVER = r"""
 import importlib.util, json, os, signal, sys, threading, time
@@ -1162,11 +1171,12 @@ class PytestServer:
     heavy third-party modules imported (``_SERVER``); ``run`` answers as ``subprocess.run``
     would for ``python -m pytest ARGS`` in the copy."""
 
-    def __init__(self, copy: Path) -> None:
+    def __init__(self, copy: Path, engine: bool = False) -> None:
         self.copy = copy
-        code = f"PRELOADED = {_PRELOADED!r}\nPROJECT = {_PROJECT!r}\n{_SERVER}"
+        preloaded = _PRELOADED + (_PRELOADED_ENGINE if engine else ())
+        code = f"PRELOADED = {preloaded!r}\nPROJECT = {_PROJECT!r}\n{_SERVER}"
         self.process = subprocess.Popen([sys.executable, "-c", code], cwd=copy,
-                                        env=_environment(copy), stdin=subprocess.PIPE,
+                                        env=_environment(copy, engine), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the pytest server in {copy} did not start")
@@ -1291,7 +1301,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="wedlm-mutations-") as scratch, \
             contextlib.ExitStack() as servers:
         copies = [make_copy(Path(scratch) / f"copy{index}") for index in range(jobs)]
-        free = [servers.enter_context(PytestServer(copy)) for copy in copies]
+        engine = any(test.startswith("tests/vllm_plugin/")
+                     for mutation in chosen for test in mutation.tests)
+        free = [servers.enter_context(PytestServer(copy, engine)) for copy in copies]
         if options.baseline_passed:
             print("baseline: skipped (--baseline-passed: the suite passed on this tree)",
                   flush=True)

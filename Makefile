@@ -11,6 +11,7 @@ TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
+	venv-latest venv-oldest \
 	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm
 
 # (Every install of this tree takes build/.install.lock: each writes the tree's egg-info, and
@@ -69,13 +70,21 @@ VERSION_TESTS := tests/test_philox.py $(wildcard tests/test_*_kernel.py) \
 # the interpreter) run once, in make test; here each kernel path still runs through the
 # random-batch, tie, split and NaN cases.
 VERSION_SELECTION := -k "not each_filter_path_keeps and not mass_above_equals_top_p_exactly"
-# (The two may run side by side, make -j2: each builds the package from this tree, which
-# writes build/ and the egg-info here, so the installs take turns.)
-define version_job
+# The venvs (venv-latest, venv-oldest: torch and the package's test dependencies, resolved
+# once; .ci/run builds them while the suite runs) are kept; each test run installs this tree
+# into its venv anew (not editable, no dependencies), so it never tests an older copy.
+# `rm -rf .venv-latest` resolves the newest releases again. (Two may run side by side, make
+# -j2: each builds the package from this tree, which writes build/ and the egg-info here, so
+# the installs take turns.)
+define version_venv
 	mkdir -p build
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q -c constraints.txt $(TORCH_FROM) torch
 	$(INSTALL_LOCK) $(1)/bin/python -m pip install -q $(2) ".[test]"
+	touch $(1)/.installed
+endef
+define version_job
+	$(INSTALL_LOCK) $(1)/bin/python -m pip install -q --no-deps --force-reinstall .
 	$(1)/bin/python -m pip list 2>/dev/null | grep -E -i "^(torch|triton|numpy) "
 	HYPOTHESIS_PROFILE=smoke $(1)/bin/python -m pytest -q -p no:cacheprovider \
 		$(VERSION_SELECTION) $(VERSION_TESTS)
@@ -84,15 +93,21 @@ define version_job
 		status=$$?; rm -rf $$scratch; exit $$status
 endef
 
-test-latest:
-	$(call version_job,.venv-latest,)
+.venv-latest/.installed: pyproject.toml
+	$(call version_venv,.venv-latest,)
+venv-latest: .venv-latest/.installed
+test-latest: .venv-latest/.installed
+	$(call version_job,.venv-latest)
 
 # (and the sm_90 compiles on 3.6, where no kernel variant but the window kernel's spills;
 # and the benchmarks' plots on the oldest matplotlib the bench extra accepts)
+.venv-oldest/.installed: pyproject.toml
+	$(call version_venv,.venv-oldest,"triton==3.6.0" "numpy==2.3.0" "matplotlib==3.9.0")
+venv-oldest: .venv-oldest/.installed
 test-oldest: VERSION_TESTS += tests/test_kernels_compile_sm90.py tests/test_bench_plots.py \
 	tests/test_bench_sweep_report.py
-test-oldest:
-	$(call version_job,.venv-oldest,"triton==3.6.0" "numpy==2.3.0" "matplotlib==3.9.0")
+test-oldest: .venv-oldest/.installed
+	$(call version_job,.venv-oldest)
 
 # The constraints resolve against the plain package index, for the default (CUDA) torch,
 # with the engine's extras and the vLLM plugin's (the GPU vllm the README installs), and make

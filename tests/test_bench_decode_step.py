@@ -2,10 +2,12 @@
 would; the pieces that feed the GPU figures are checked by hand."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench import decode_step
@@ -21,16 +23,22 @@ def test_cpu_smoke_writes_every_case_and_the_summary(tmp_path):
     cases = {(c["mode"], c["logits"]): c for c in report["cases"]}
     assert set(cases) == {(m, k) for m in decode_step.MODES for k in decode_step.LOGITS}
     for case in cases.values():
-        assert case["batch"] == 1 and case["graphs"] is False and case["step_ms"] > 0
-        assert case["runs"]["long"]["steps"] > case["runs"]["short"]["steps"]
+        assert case["batch"] == 1 and case["graphs"] is False
+        short, long = case["runs"]["short"], case["runs"]["long"]
+        assert long["steps"] > short["steps"] and short["seconds"] > 0
+        # the marginal step: the two runs' difference over their steps. Its sign is not
+        # asserted: on a busy CPU the difference of two short runs can be noise.
+        assert case["step_ms"] == pytest.approx(
+            (long["seconds"] - short["seconds"]) / (long["steps"] - short["steps"]) * 1e3)
     # flat logits: one token per forward; peaked: whole windows in streaming, one in AR
     for mode in decode_step.MODES:
         assert cases[(mode, "flat")]["tokens_per_forward"] == 1.0
     assert cases[("ar", "peaked")]["tokens_per_forward"] == 1.0
     assert cases[("streaming", "peaked")]["tokens_per_forward"] > 8
     summary = report["summary"]
-    assert summary["ar_b1_step_over_floor"] > 0 and summary["streaming_b1_over_ar_b1"] > 0
-    assert summary["streaming_over_ar_toks_peaked_b1"] > 0
+    for name in ("ar_b1_step_over_floor", "streaming_b1_over_ar_b1",
+                 "streaming_over_ar_toks_peaked_b1"):
+        assert math.isfinite(summary[name])  # (measured: any sign, as above)
     for name in ("streaming_b16_over_roofline", "streaming_b64_over_roofline",
                  "streaming_over_ar_toks_peaked_b16", "streaming_over_ar_toks_peaked_b64"):
         assert summary[name] is None  # those batches did not run

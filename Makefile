@@ -9,10 +9,10 @@ PYTEST_ARGS ?=
 #   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-# Every install skips pip's byte-compiling of each installed module (two thirds of the CPU
-# time of installing torch: 26 s of 29 on these machines); Python compiles what it imports,
-# once, on first import.
-PIP_INSTALL_FLAGS := -q --no-compile
+# pip's flags for every install. .ci/run adds --no-compile: pip's byte-compiling of each
+# installed module is most of an install's CPU time (26 of the 29 s of torch's on two
+# cores), and Python writes the bytecode of what a process imports on first import instead.
+PIP_INSTALL_FLAGS ?= -q
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
 	venv-latest venv-oldest \

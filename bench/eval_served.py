@@ -182,16 +182,18 @@ def ar_override(model: str) -> str | None:
 
 def server_argv(server: str, model: str, port: int, dtype: str, device: str,
                 max_model_len: int) -> list[str]:
+    max_num_seqs, block_size = 16, 32 if device == "cpu" else 16
     argv = [*VLLM_CLI, "serve", model, "--host", HOST, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--dtype", dtype,
-            "--max-model-len", str(max_model_len), "--max-num-seqs", "16",
+            "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
             "--max-num-batched-tokens", "1024" if device == "cpu" else "8192",
-            "--block-size", "32" if device == "cpu" else "16", "--seed", "0",
+            "--block-size", str(block_size), "--seed", "0",
             "--no-enable-prefix-caching", "--no-async-scheduling"]
     if device == "cpu":
-        # a cache of the 16 sequences at max_model_len: vLLM's CPU worker otherwise zeroes
-        # all of VLLM_CPU_KVCACHE_SPACE at start (seconds per server, the same scores)
-        argv += ["--enforce-eager", "--num-gpu-blocks-override", str(16 * -(-max_model_len // 32))]
+        # a cache of the sequences at max_model_len: vLLM's CPU worker otherwise zeroes all
+        # of VLLM_CPU_KVCACHE_SPACE at start (seconds per server, the same scores)
+        blocks = max_num_seqs * -(-max_model_len // block_size)
+        argv += ["--enforce-eager", "--num-gpu-blocks-override", str(blocks)]
     if server == "wedlm":
         argv += ["--hf-overrides", json.dumps({"architectures": ["WeDLMForCausalLM"]}),
                  "--additional-config", json.dumps({"wedlm": {"window": ENGINE_WINDOW}})]

@@ -4,10 +4,10 @@ are not collected (tests/conftest.py).
 
 The engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each starts in
 about 5 s on two cores, so one engine serves most tests. Each engine's cache holds exactly
-its ``max_num_seqs`` sequences at ``max_model_len`` (``num_gpu_blocks_override``, unless a
-test starves it on purpose): vLLM would otherwise zero the whole
-``VLLM_CPU_KVCACHE_SPACE`` (1 GiB), about 6 s of every start on these machines. Model Runner V2's own Triton
-kernels run in Triton's interpreter, through the test-only "cpu" backend of
+its ``max_num_seqs`` sequences at ``max_model_len`` (``cache_blocks``, unless a test starves
+it on purpose): vLLM would otherwise zero the whole ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB),
+about 6 s of every start on these machines. Model Runner V2's own Triton kernels run in
+Triton's interpreter, through the test-only "cpu" backend of
 ``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
 """
 
@@ -52,6 +52,12 @@ def _alarm(request):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+def cache_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """``num_gpu_blocks_override`` for a cache of ``max_num_seqs`` sequences at
+    ``max_model_len``."""
+    return max_num_seqs * -(-max_model_len // block_size)
 
 
 def write_checkpoint(path: Path, config_changes: dict, weights: Path | None = None) -> Path:
@@ -106,8 +112,8 @@ class Engines:
                        structured_outputs_config={"backend": "xgrammar",
                                                   "disable_any_whitespace": True})
         options.update(overrides)
-        options.setdefault("num_gpu_blocks_override", options["max_num_seqs"] * -(
-            -options["max_model_len"] // options["block_size"]))
+        options.setdefault("num_gpu_blocks_override", cache_blocks(
+            options["max_num_seqs"], options["max_model_len"], options["block_size"]))
         return LLM(str(model), **options)
 
     @staticmethod

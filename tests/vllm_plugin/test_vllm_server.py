@@ -18,7 +18,7 @@ import pytest
 
 import model_min
 
-from .conftest import TINY, WINDOW
+from .conftest import TINY, WINDOW, cache_blocks
 from .fuzz_values import (
     GRID,
     WEDLM_FIELDS,
@@ -43,11 +43,13 @@ def free_port() -> int:
 def server(wedlm_checkpoint, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
+    max_num_seqs, block_size = 4, 32
     command = [
         # README, "Serve with vLLM", on a CPU
         sys.executable, "-m", "wedlm_kernels.integrations.vllm", "serve", str(wedlm_checkpoint),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--block-size", "32",
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
+        "--block-size", str(block_size),
         "--served-model-name", "tiny-wedlm",
         "--additional-config", json.dumps({"wedlm": {"window": WINDOW}}),
         # JSON without free whitespace (the tiny model, given the choice, writes spaces)
@@ -55,9 +57,9 @@ def server(wedlm_checkpoint, tmp_path_factory):
                                                    "disable_any_whitespace": True}),
         # tool_choice="required" asks for a parser (vLLM decodes those calls as JSON)
         "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-        # not in the README: a cache of the 4 sequences at MAX_MODEL_LEN (vLLM's CPU worker
+        # not in the README: a cache of its sequences at MAX_MODEL_LEN (vLLM's CPU worker
         # would otherwise zero all of VLLM_CPU_KVCACHE_SPACE at start, seconds per server)
-        "--num-gpu-blocks-override", str(4 * -(-MAX_MODEL_LEN // 32)),
+        "--num-gpu-blocks-override", str(cache_blocks(max_num_seqs, MAX_MODEL_LEN, block_size)),
     ]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
     with open(log, "w") as output:

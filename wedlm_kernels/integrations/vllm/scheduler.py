@@ -37,7 +37,31 @@ logger = init_logger(__name__)
 
 
 class WeDLMScheduler(StructuredWindows, DiffusionScheduler):
-    """``DiffusionScheduler`` with WeDLM's structured outputs (:mod:`.structured`)."""
+    """``DiffusionScheduler`` with WeDLM's structured outputs (:mod:`.structured`), and,
+    with pipeline parallelism, a request's decode steps ``pipeline_parallel_size``
+    scheduling calls apart.
+
+    vLLM's pipeline stages before the last learn a step's outcome (here: the window the
+    last stage's sampler left, :mod:`.state`) ``pipeline_parallel_size`` steps after it,
+    and its asynchronous scheduler spaces a request's decodes that far apart to match.
+    Under synchronous scheduling (vLLM's CPU platform forces it) nothing spaces them: a
+    diffusion request's draft list reaches the scheduler after its step's sampling but
+    before its output, so the step after a prefill would decode the request again, on a
+    first stage that has not received its window yet. The same spacing, for synchronous
+    scheduling: it costs nothing there, since a request whose step is still in the
+    pipeline cannot be scheduled anyway, and its output comes back before the call that
+    ``pipeline_parallel_size`` steps later (the engine core's batch queue holds that many
+    steps)."""
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        super()._update_after_schedule(scheduler_output)
+        depth = self.parallel_config.pipeline_parallel_size
+        if depth <= 1:
+            return
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[request_id]
+            if not request.is_prefill_chunk:  # a prefill's next chunk may follow at once
+                request.next_decode_eligible_step = self.current_step + depth
 
 
 class WeDLMAsyncScheduler(StructuredWindows, DiffusionAsyncScheduler):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import vllm
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
@@ -176,8 +177,22 @@ class WeDLMModelState(DefaultModelState):
         # Live canvas: each step schedules a request its window's rows, counted on the
         # device by the previous step and read on the host with its output (next_canvas,
         # through live_canvas's patch). Asynchronous scheduling plans a step before the
-        # previous one's output is back, so it feeds the fixed canvas of 2W rows.
+        # previous one's output is back, so it feeds the fixed canvas of 2W rows; so does
+        # pipeline parallelism, whose engine schedules the next batch (and collects the
+        # draft lists the canvas is sized by) while a step is still in the pipeline: a
+        # list that reached the scheduler before its step's output would size a request's
+        # next canvas while that request is still in flight.
         self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
+        # Pipeline parallelism: every stage feeds the canvas (the first stage its ids, every
+        # stage the logical RoPE positions), and only the last one samples, so only the
+        # last stage's window moves. It hands each request's window to the other stages
+        # through vLLM's own draft-token path: its sampler writes the window into the
+        # request's draft-token row (req_states.draft_tokens, a filled slot's token and -1
+        # for a mask), which vLLM's pipeline handler broadcasts with the step's sampled
+        # tokens and lands in the other stages' rows before the request's next step; they
+        # feed from that row (docs/vllm.md, "Pipeline parallelism").
+        self.pipeline = vllm_config.parallel_config.pipeline_parallel_size > 1
+        self.window_from_drafts = self.pipeline and not get_pp_group().is_last_rank
         self.live_canvas = self.settings.canvas == "live" and not self.async_scheduling
         if self.live_canvas:
             section = vllm_config.additional_config or {}
@@ -192,8 +207,9 @@ class WeDLMModelState(DefaultModelState):
                                error, width)
                 self.live_canvas = False
         elif self.settings.canvas == "live":
-            logger.info("WeDLM: asynchronous scheduling is on, so each decode step feeds "
-                        "the fixed canvas of %d rows per request (docs/vllm.md)", width)
+            logger.info("WeDLM: %s is on, so each decode step feeds the fixed canvas of "
+                        "%d rows per request (docs/vllm.md)", "pipeline parallelism"
+                        if self.pipeline else "asynchronous scheduling", width)
         # Structured outputs: the windows of structured requests reach the scheduler
         # through next_canvas (the same patch, with either canvas), and their grammar rows
         # reach this state's sampler (structured.install); vLLM releases the patches were
@@ -810,12 +826,23 @@ class WeDLMModelState(DefaultModelState):
         # (slots >= win_len are masks), so the padding rows sit after the live ones and no
         # live row attends to them.
         feed_len = canvas_rows.to(torch.int32)
-        ctx_len = self.ctx_len.index_select(0, slots)
+        batch_ids = input_batch.input_ids[:num_tokens]
+        batch_positions = input_batch.positions[:num_tokens]
+        if self.window_from_drafts:
+            # A stage before the last: the window the last stage handed over after the
+            # request's previous step, and the committed length from vLLM's position of
+            # canvas row 0 (L, the same on every stage)
+            window = req_states.draft_tokens.index_select(0, slots)
+            win_tokens = torch.where(window < 0, self.mask_token_id, window)
+            win_mask = window < 0
+            ctx_len = batch_positions[canvas_start.clamp(0, num_tokens - 1)].to(torch.int32)
+        else:
+            win_tokens = self.win_tokens.index_select(0, slots)
+            win_mask = self.win_mask.index_select(0, slots)
+            ctx_len = self.ctx_len.index_select(0, slots)
         no_pages = torch.full((num_reqs, 1), -1, dtype=torch.int32, device=slots.device)
         ids, positions, _, _, packed_start, n_filled = wk.reorder_window(
-            self.win_tokens.index_select(0, slots), self.win_mask.index_select(0, slots),
-            feed_len, ctx_len, no_pages, 1, num_tokens,
-        )
+            win_tokens, win_mask, feed_len, ctx_len, no_pages, 1, num_tokens)
         packed_start = packed_start[:-1].long()
 
         # vLLM row t of request i: canvas row j = t - canvas_start[i] when 0 <= j < C.
@@ -824,10 +851,10 @@ class WeDLMModelState(DefaultModelState):
         j = row - canvas_start[owner]
         on_canvas = (j >= 0) & (j < canvas_rows[owner])
         source = (packed_start[owner] + j).clamp(0, num_tokens - 1)
-        batch_ids = input_batch.input_ids[:num_tokens]
-        batch_positions = input_batch.positions[:num_tokens]
         batch_ids.copy_(torch.where(on_canvas, ids[source], batch_ids))
         batch_positions.copy_(torch.where(on_canvas, positions[source], batch_positions))
+        if self.window_from_drafts:  # no sampler here: nothing to leave it
+            return model_inputs
 
         # Logit row k of request i is its canvas row k - cu_logits[i]; the live mask rows
         # (n_filled .. live_len - 1) predict their logical positions, the rest are padding.
@@ -847,6 +874,20 @@ class WeDLMModelState(DefaultModelState):
                       "slots_np": input_batch.idx_mapping_np[:num_reqs]}
         return model_inputs
 
+    def window_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """The windows of ``slots`` as draft-token rows [n, S] int64: a filled slot's
+        token, -1 for a mask (what the last pipeline stage hands the others, and what a
+        structured request's window reports to the scheduler)."""
+        return torch.where(self.win_mask.index_select(0, slots), -1,
+                           self.win_tokens.index_select(0, slots))
+
+    def publish_windows(self, slots: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+        """On the last pipeline stage: the windows of ``slots`` into their draft-token
+        rows (``req_states.draft_tokens`` [max_num_reqs, S] int64), which vLLM broadcasts
+        to the other stages after the step (nothing when there is one stage)."""
+        if self.pipeline:
+            draft_tokens.index_copy_(0, slots.long(), self.window_rows(slots))
+
     def _copy_counters_to_host(self) -> None:
         """win_len and stalled to the host (next_canvas, the progress guard), on this
         stream ahead of vLLM's output copy, which waits for it."""
@@ -855,7 +896,7 @@ class WeDLMModelState(DefaultModelState):
         self._host_int32[turn].copy_(self._int32, non_blocking=True)
         if self._structured.any():
             self._host_window[turn].copy_(torch.where(self.win_mask, -1, self.win_tokens),
-                                          non_blocking=True)
+                                          non_blocking=True)  # window_rows of every slot
         if self._host_events[turn] is not None:
             self._host_events[turn].record()
 
@@ -1059,6 +1100,10 @@ class WeDLMSampler:
         step = state._step if input_batch.num_draft_tokens > 0 else None
         if step is None:  # prefill chunks (or a dummy run): nothing is committed
             state._copy_counters_to_host()  # a resumed window's live count, for next_canvas
+            # the windows the requests' first decode steps feed (a resumed request's is
+            # its saved one), for the other pipeline stages
+            state.publish_windows(input_batch.idx_mapping[:num_reqs],
+                                  self.req_states.draft_tokens)
             zeros = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
             return SamplerOutput(sampled_token_ids=self._no_tokens[:num_reqs, :1],
                                  logprobs_tensors=None, num_nans=None, num_sampled=zeros,
@@ -1183,6 +1228,7 @@ class WeDLMSampler:
         stalled = torch.where(decoding, torch.where(committed > 0, 0, stalled + 1), stalled)
         state.stalled.index_copy_(0, slots, stalled)
         state._copy_counters_to_host()
+        state.publish_windows(slots, self.req_states.draft_tokens)
 
         num_rejected = torch.where(step["num_logits"] > 0, step["query_len"] - committed, 0)
         logprobs = None

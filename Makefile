@@ -183,13 +183,25 @@ eval: $(if $(VLLM_PYTHON),,$(VLLM_STAMP)) $(EVAL_STAMP) $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
-test-vllm: test-vllm-engine
+test-vllm: test-vllm-engine test-vllm-dist
 	$(VLLM_PY) -m tests.mutations --set vllm --baseline-passed
+	$(VLLM_PY) -m tests.mutations --set vllm-dist --baseline-passed
 
 # the plugin's tests alone (.ci/run runs them beside make test: each is one pytest that keeps
-# about one core busy, then the plugin's mutations with --baseline-passed)
+# about one core busy, then the plugin's mutations with --baseline-passed), without the
+# engines of several processes (below)
 test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
-	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin $(PYTEST_ARGS)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m "not distributed" \
+		$(PYTEST_ARGS)
+
+# serving past one engine (docs/vllm.md, "Serving past one machine"): pipeline parallelism
+# (two engines of two worker processes) and data parallelism (a DP=2 server, two independent
+# servers), marker "distributed"; about 4.5 minutes on two idle cores (PP 100 s, DP 155 s)
+test-vllm-dist: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
+
+mutation-vllm-dist: $(VLLM_STAMP)
+	$(VLLM_PY) -m tests.mutations --set vllm-dist $(MUTATION_ARGS)
 
 # WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
 # OpenAI server, measured by `vllm bench serve` at concurrency 1, 4 and 16 (bench/vllm_serve.py;

@@ -831,22 +831,6 @@ VLLM_MUTATIONS = [
         "live slots (must fail by the progress guard, not spin)", expect="NoProgressError",
     ),
     Mutation(
-        "vllm-pipeline-stage-feeds-a-stale-window", VLLM_STATE,
-        (("        self.window_from_drafts = self.pipeline and not get_pp_group().is_last_rank\n",
-          "        self.window_from_drafts = False\n"),),
-        (VLLM_PIPELINE,), "with pipeline parallelism the first stage feeds its own window "
-        "buffers, which only the last stage's sampler moves: its canvas keeps the window "
-        "the request was admitted with", keyword="greedy_seeded_and_blockwise",
-    ),
-    Mutation(
-        "vllm-stats-from-a-stage-without-counts", "wedlm_kernels/integrations/vllm/__init__.py",
-        (("    return worker.model_runner.model_state if get_pp_group().is_last_rank else None\n",
-          "    return worker.model_runner.model_state\n"),),
-        (VLLM_PIPELINE,), "request_stats and row_stats answer from the first pipeline "
-        "stage, whose sampler never runs: its counts stay 0",
-        keyword="greedy_seeded_and_blockwise",
-    ),
-    Mutation(
         "vllm-async-scheduler-cuts-windows-at-the-limit",
         "wedlm_kernels/integrations/vllm/scheduler.py",
         (("            if room < wanted:\n", "            if room < wanted and False:\n"),),
@@ -1076,7 +1060,28 @@ VLLM_MUTATIONS += [
         "seen (the left context stays the admission's)", keyword="model_mins_tokens",
     ),
 ]
-MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS}
+# Engines of several processes (tests/vllm_plugin, marker "distributed"; make test-vllm-dist):
+# their own set, run beside the other vLLM entries (.ci/run)
+VLLM_DIST_MUTATIONS = [
+    Mutation(
+        "vllm-pipeline-stage-feeds-a-stale-window", VLLM_STATE,
+        (("        self.window_from_drafts = self.pipeline and not get_pp_group().is_last_rank\n",
+          "        self.window_from_drafts = False\n"),),
+        (VLLM_PIPELINE,), "with pipeline parallelism the first stage feeds its own window "
+        "buffers, which only the last stage's sampler moves: its canvas keeps the window "
+        "the request was admitted with", keyword="greedy_seeded_and_blockwise",
+    ),
+    Mutation(
+        "vllm-stats-from-a-stage-without-counts", "wedlm_kernels/integrations/vllm/__init__.py",
+        (("    return worker.model_runner.model_state if get_pp_group().is_last_rank else None\n",
+          "    return worker.model_runner.model_state\n"),),
+        (VLLM_PIPELINE,), "request_stats and row_stats answer from the first pipeline "
+        "stage, whose sampler never runs: its counts stay 0",
+        keyword="greedy_seeded_and_blockwise",
+    ),
+]
+MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS,
+                 "vllm-dist": VLLM_DIST_MUTATIONS}
 
 
 @dataclass
@@ -1296,8 +1301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-stop", action="store_true",
                         help="run every selected test (list all that kill a mutation)")
     parser.add_argument("--set", choices=sorted(MUTATION_SETS), default="kernels",
-                        help="which list to run: the kernels' and model_min's (default), or "
-                             "the vLLM plugin's (needs vLLM: make test-vllm)")
+                        help="which list to run: the kernels' and model_min's (default), "
+                             "the vLLM plugin's (needs vLLM: make test-vllm), or the "
+                             "plugin's with engines of several processes")
     parser.add_argument("--baseline-passed", action="store_true",
                         help="skip the baseline: the selected tests just passed on this tree "
                              "(.ci/run, after make test)")

@@ -28,6 +28,8 @@ from .conftest import WINDOW
 from .test_vllm_decoding import PROMPTS
 from .test_vllm_server import free_port, running_server, running_servers, serve_command
 
+pytestmark = pytest.mark.distributed
+
 MAX_MODEL_LEN, MAX_NUM_SEQS, BLOCK_SIZE = 128, 4, 32
 # 5 blocks of 32 positions per rank (max_model_len and the canvas): four requests of 2 to 4
 # blocks do not fit at once

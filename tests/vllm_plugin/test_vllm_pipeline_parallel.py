@@ -26,6 +26,8 @@ from .test_vllm_async import async_engine_of
 from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
 from .test_vllm_requests import run_engine
 
+pytestmark = pytest.mark.distributed
+
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 SEEDS = [11, 12, 13, 2**40 + 7]
 SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,

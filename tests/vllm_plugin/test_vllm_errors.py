@@ -119,11 +119,6 @@ def test_the_v1_model_runner_is_refused(wedlm_checkpoint, monkeypatch):
         Engines.start(wedlm_checkpoint)
 
 
-def test_pipeline_parallelism_is_refused(wedlm_checkpoint):
-    with pytest.raises(Exception, match="WeDLMForCausalLM does not support pipeline parallelism"):
-        Engines.start(wedlm_checkpoint, pipeline_parallel_size=2)
-
-
 def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
     with pytest.raises(Exception, match="mask_token_id"):
         Engines.start(wedlm_checkpoint, hf_overrides={"mask_token_id": None})

@@ -95,19 +95,21 @@ def test_each_grammar_decodes_valid_outputs_and_model_mins_tokens(engine, refere
 
 
 
-@pytest.mark.parametrize("version, scheduler, reasoning, why", [
-    ("0.32.0", SCHEDULER, None, None),
-    ("0.32.0+cu130", SCHEDULER, None, None),
-    ("0.33.0", SCHEDULER, None, "written for vLLM"),
-    ("0.32.0", "my.Scheduler", None, "plugin's scheduler"),
-    ("0.32.0", SCHEDULER, "qwen3", "reasoning parser"),
+@pytest.mark.parametrize("version, scheduler, reasoning, stages, why", [
+    ("0.32.0", SCHEDULER, None, 1, None),
+    ("0.32.0+cu130", SCHEDULER, None, 1, None),
+    ("0.33.0", SCHEDULER, None, 1, "written for vLLM"),
+    ("0.32.0", "my.Scheduler", None, 1, "plugin's scheduler"),
+    ("0.32.0", SCHEDULER, "qwen3", 1, "reasoning parser"),
+    ("0.32.0", SCHEDULER, None, 2, "pipeline parallelism"),
 ])
 def test_an_engine_that_cannot_serve_them_says_why(monkeypatch, version, scheduler,
-                                                   reasoning, why):
+                                                   reasoning, stages, why):
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", version)
     config = SimpleNamespace(
+        parallel_config=SimpleNamespace(pipeline_parallel_size=stages),
         scheduler_config=SimpleNamespace(scheduler_cls=scheduler),
         structured_outputs_config=SimpleNamespace(reasoning_parser=reasoning,
                                                   enable_in_reasoning=False))

@@ -177,11 +177,9 @@ class WeDLMModelState(DefaultModelState):
         # Live canvas: each step schedules a request its window's rows, counted on the
         # device by the previous step and read on the host with its output (next_canvas,
         # through live_canvas's patch). Asynchronous scheduling plans a step before the
-        # previous one's output is back, so it feeds the fixed canvas of 2W rows; so does
-        # pipeline parallelism, whose engine schedules the next batch (and collects the
-        # draft lists the canvas is sized by) while a step is still in the pipeline: a
-        # list that reached the scheduler before its step's output would size a request's
-        # next canvas while that request is still in flight.
+        # previous one's output is back, so it feeds the fixed canvas of 2W rows. (Under
+        # pipeline parallelism the plugin's scheduler keeps a request out of the pipeline
+        # until its step's output is in, so the live canvas stays exact there.)
         self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
         # Pipeline parallelism: every stage feeds the canvas (the first stage its ids, every
         # stage the logical RoPE positions), and only the last one samples, so only the
@@ -207,9 +205,8 @@ class WeDLMModelState(DefaultModelState):
                                error, width)
                 self.live_canvas = False
         elif self.settings.canvas == "live":
-            logger.info("WeDLM: %s is on, so each decode step feeds the fixed canvas of "
-                        "%d rows per request (docs/vllm.md)", "pipeline parallelism"
-                        if self.pipeline else "asynchronous scheduling", width)
+            logger.info("WeDLM: asynchronous scheduling is on, so each decode step feeds "
+                        "the fixed canvas of %d rows per request (docs/vllm.md)", width)
         # Structured outputs: the windows of structured requests reach the scheduler
         # through next_canvas (the same patch, with either canvas), and their grammar rows
         # reach this state's sampler (structured.install); vLLM releases the patches were

@@ -16,7 +16,8 @@ PIP_INSTALL_FLAGS ?= -q
 
 .PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
 	venv-latest venv-oldest \
-	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm
+	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm \
+	test-vllm-dist mutation-vllm-dist bench-vllm-dp
 
 # (Every install of this tree takes build/.install.lock: each writes the tree's egg-info, and
 # .ci/run builds the venvs side by side.)
@@ -212,6 +213,12 @@ BENCH_VLLM_ARGS ?=
 bench-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_PY) -m bench.vllm_serve $(BENCH_VLLM_ARGS)
 	$(PY) -m bench.vllm_serve --replot
+
+# one WeDLM engine against --data-parallel-size 2 behind one server (bench/vllm_data_parallel.py;
+# CPU only: the tiny model, both engines on the same cores; bench/results/cpu/
+# vllm_data_parallel.{json,md}, about 5 minutes on two cores)
+bench-vllm-dp: $(VLLM_STAMP)
+	$(VLLM_PY) -m bench.vllm_data_parallel $(BENCH_VLLM_ARGS)
 
 # the plugin's mutation entries alone (their baseline included)
 mutation-vllm: $(VLLM_STAMP)

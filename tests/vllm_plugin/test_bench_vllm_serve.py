@@ -301,3 +301,36 @@ def test_the_live_rows_check_fails_loudly_when_the_two_wedlm_runs_differ(what, m
     with pytest.raises(vs.ConsistencyError, match=message) as raised:
         vs.check_consistency(mismatch(runs, what), W)
     assert "c=4 repeat 2" in str(raised.value)
+
+
+def test_the_data_parallel_bench_serves_one_engine_then_two_with_the_same_clients(
+        capsys, monkeypatch):
+    from bench import vllm_data_parallel as dp
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started a server"))
+    assert dp.main(["--dry-run", "--repeats", "2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if line and not line.startswith("#")]
+    servers = [shlex.split(line) for line in lines if line.startswith("env ")]
+    clients = [shlex.split(line) for line in lines if " bench serve " in line]
+    assert len(servers) == 2 and len(clients) == 2 * (1 + 2)  # a warm-up and two repeats
+    one, two = servers
+    assert "--data-parallel-size" not in one
+    assert two[two.index("--data-parallel-size") + 1] == "2"
+    # the same engine settings otherwise (ports aside), and the live canvas
+    strip = {one[one.index("--port") + 1], two[two.index("--port") + 1], "2",
+             "--data-parallel-size"}
+    assert [w for w in one if w not in strip] == [w for w in two if w not in strip]
+    assert json.loads(one[one.index("--additional-config") + 1])["wedlm"]["canvas"] == "live"
+
+
+def test_the_data_parallel_summary_is_the_ratio_of_medians_labelled_cpu():
+    from bench import vllm_data_parallel as dp
+
+    runs = [{"server": name, "client": {"output_throughput": value}}
+            for name, values in (("dp1", [10, 30, 20]), ("dp2", [35, 25, 45]))
+            for value in values]
+    summary = dp.summarise(runs)
+    assert summary["dp1_output_tok_per_s"] == 20 and summary["dp2_output_tok_per_s"] == 35
+    assert summary["dp2_over_dp1_output_tok_per_s"] == pytest.approx(1.75)
+    assert summary["label"].startswith("CPU")

@@ -144,6 +144,12 @@ class Engines:
 
 @pytest.fixture(scope="session")
 def engines(wedlm_checkpoint):
+    from vllm import LLM
+
+    # pytest shows a failing test's arguments with repr(), and vLLM's LLM.__repr__ asks
+    # every worker (collective_rpc): an engine whose worker is stuck (a pipeline stage
+    # waiting for a stage that failed) would hang the report of the failure
+    LLM.__repr__ = lambda llm: f"<vllm.LLM {llm.llm_engine.model_config.model}>"
     manager = Engines(wedlm_checkpoint)
     yield manager
     manager.close_shared()

@@ -48,10 +48,10 @@ class WeDLMScheduler(StructuredWindows, DiffusionScheduler):
     diffusion request's draft list reaches the scheduler after its step's sampling but
     before its output, so the step after a prefill would decode the request again, on a
     first stage that has not received its window yet. The same spacing, for synchronous
-    scheduling: it costs nothing there, since a request whose step is still in the
-    pipeline cannot be scheduled anyway, and its output comes back before the call that
-    ``pipeline_parallel_size`` steps later (the engine core's batch queue holds that many
-    steps)."""
+    scheduling: between decode steps it changes nothing (a decode step's rows count as
+    computed until its output is in, which is before the call ``pipeline_parallel_size``
+    steps later: the engine core's batch queue holds that many steps); its one cost is
+    the step right after a prefill, which the request sits out."""
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         super()._update_after_schedule(scheduler_output)

@@ -201,6 +201,9 @@ def a_figure(data: dict) -> str:
         return bench_report.num(data["tiny_prefill"]["sdpa_ms"])
     if data.get("benchmark") == "bench.vllm_serve":
         return f"| {bench_report.num(data['cases'][0]['output_tok_per_s'])} |"
+    if data.get("benchmark") == "bench.vllm_data_parallel":
+        return (f"| summary.dp2_over_dp1_output_tok_per_s | "
+                f"{bench_report.num(data['summary']['dp2_over_dp1_output_tok_per_s'])} |")
     if str(data.get("name", "")).startswith("eval_served"):
         return f"| {bench_report.fmt(data['rows'][0]['greedy']['value'], 3)} ± "
     if data.get("benchmark") == "bench.structured_outputs":

@@ -871,10 +871,12 @@ class WeDLMModelState(DefaultModelState):
                       "slots_np": input_batch.idx_mapping_np[:num_reqs]}
         return model_inputs
 
-    def window_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """The windows of ``slots`` as draft-token rows [n, S] int64: a filled slot's
-        token, -1 for a mask (what the last pipeline stage hands the others, and what a
-        structured request's window reports to the scheduler)."""
+    def window_rows(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The windows of ``slots`` (default: every slot) as draft-token rows [n, S]
+        int64: a filled slot's token, -1 for a mask (what the last pipeline stage hands
+        the others, and what a structured request's window reports to the scheduler)."""
+        if slots is None:
+            return torch.where(self.win_mask, -1, self.win_tokens)
         return torch.where(self.win_mask.index_select(0, slots), -1,
                            self.win_tokens.index_select(0, slots))
 
@@ -892,8 +894,7 @@ class WeDLMModelState(DefaultModelState):
         self._host_turn = 1 - turn
         self._host_int32[turn].copy_(self._int32, non_blocking=True)
         if self._structured.any():
-            self._host_window[turn].copy_(torch.where(self.win_mask, -1, self.win_tokens),
-                                          non_blocking=True)  # window_rows of every slot
+            self._host_window[turn].copy_(self.window_rows(), non_blocking=True)
         if self._host_events[turn] is not None:
             self._host_events[turn].record()
 

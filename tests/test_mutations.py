@@ -127,3 +127,23 @@ def test_the_harness_tells_killed_survived_and_not_run_apart(tmp_path: Path):
                                    "no test runs", keyword="no_test_is_named_like_this")
         assert run_mutation(selects_nothing, server).status == "ERROR"
     assert (copy / planted.path).read_text() == (ROOT / planted.path).read_text()
+
+
+def test_interpreted_kernel_tests_pass_in_the_harness(tmp_path: Path, monkeypatch):
+    """The pytest server imports Triton before any test does: a harmless change to a kernel
+    file must survive its interpreted kernel tests (a server without Triton's interpreter on
+    failed every kernel test at once, and counted each kernel mutation as killed). Run as
+    from a shell, where TRITON_INTERPRET is not set (this process's conftest set it)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    copy = make_copy(tmp_path / "copy")
+    planted = next(m for m in MUTATIONS if m.name == "attention-kernel-no-rescale")
+    harmless = Mutation(
+        "comment-only", planted.path,
+        (("# ---------------------------------------------------------------------------- launcher",
+          "# ---------------------------------------------------------------------------- launch"),),
+        planted.tests, "changes a comment",
+        keyword="test_launcher_returns_a_fresh_contiguous_output_and_leaves_inputs_unchanged",
+    )
+    with PytestServer(copy) as server:
+        assert run_mutation(harmless, server).status == "SURVIVED"
+

@@ -546,25 +546,34 @@ def test_split_kv_is_chosen_only_for_decode_steps_that_underfill_the_device():
 
 
 def test_decode_steps_average_at_most_64_rows_per_sequence():
+    """Only decode steps split the keys: a step whose rows average more than 64 per
+    sequence is prefill and runs one pass of query tiles, however few programs it has."""
     for num_rows, batch, decode in ((64, 1, True), (65, 1, False), (1024, 16, True),
                                     (1025, 16, False)):
-        config, _ = attention_ops.schedule(torch.bfloat16, num_rows, batch, 8, 4, 128, 4096,
+        _, splits = attention_ops.schedule(torch.bfloat16, num_rows, batch, 8, 4, 128, 4096,
                                            132)
-        prefill = attention_ops.launch_config(torch.bfloat16, 128, decode=False)
-        assert (config != prefill) == decode, (num_rows, batch)
+        assert (splits > 1) == decode, (num_rows, batch)
 
 
-def test_few_sequences_get_small_query_tiles_and_enough_splits():
-    """One sequence of a Qwen3-8B decode step (8 KV heads, 32 rows, GQA 4, a page table of
-    560 positions): 16-pair query tiles (10 programs per KV head instead of 4), split so the
-    grid reaches two programs per multiprocessor, at most one split per 32-key tile of the
-    table; many sequences keep the 64-pair tiles and do not split."""
+def test_a_sequence_pairs_stay_in_one_tile_unless_the_table_is_too_short_to_split():
+    """Every query tile of a KV head reads all of that head's keys, so a decode step keeps a
+    sequence's (row, head) pairs in one 64- or 128-pair tile and gets its programs from
+    splitting the keys (a Qwen3-8B step: 8 KV heads, GQA 4, 132 multiprocessors, target 264
+    programs); only a table too short for that (560 positions: 9 key tiles of 64) takes
+    16-pair tiles, split up to one 32-key tile each. Many sequences keep 64-pair tiles and do
+    not split."""
+    config, splits = attention_ops.schedule(torch.bfloat16, 16, 1, 8, 4, 128, 16384, 132)
+    assert (config.block_m, config.block_n, splits) == (64, 64, 33)  # 8 programs x 33
+    config, splits = attention_ops.schedule(torch.bfloat16, 32, 1, 8, 4, 128, 16384, 132)
+    assert (config.block_m, config.block_n, splits) == (128, 64, 33)  # 128 pairs: one tile
     config, splits = attention_ops.schedule(torch.bfloat16, 32, 1, 8, 4, 128, 35 * 16, 132)
-    programs = 8 * attention_ops.query_tiles(32, 1, 4, 16)
-    assert config.block_m == 16 and programs == 80
+    programs = 8 * attention_ops.working_tiles(32, 1, 4, 16)
+    assert config.block_m == 16 and programs == 64
     assert splits == min(triton_cdiv(264, programs), triton_cdiv(35 * 16, 32))
     _, splits = attention_ops.schedule(torch.bfloat16, 32, 1, 8, 4, 128, 2 * 32, 132)
     assert splits == 2  # a table of two key tiles
+    config, splits = attention_ops.schedule(torch.bfloat16, 16 * 16, 16, 8, 4, 128, 16384, 132)
+    assert (config.block_m, splits) == (64, 3)  # 128 working programs
     config, splits = attention_ops.schedule(torch.bfloat16, 64 * 16, 64, 8, 4, 128, 35 * 16,
                                             132)
     assert config.block_m == 64 and splits == 1

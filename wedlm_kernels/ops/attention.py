@@ -690,23 +690,33 @@ def _combine_splits_kernel(
 # ---------------------------------------------------------------------------- launcher
 #
 # Tiles (BLOCK_M pairs x BLOCK_N keys x BLOCK_D): fp16/bf16 products run on tensor cores with
-# 128 x 32 tiles and 8 warps for long query ranges (prefill) of heads of 65..128, 64 x 32 for
-# decode windows and small heads, 64 x 16 for heads of 256. When a decode step's grid of
-# those query tiles has fewer programs than the GPU has multiprocessors (few sequences and KV
-# heads), fp16/bf16 use 16 x 32 tiles instead, for any head size: up to four times the
-# programs, each with fewer registers. fp32 takes exact fp32 products ("ieee", no TF32) with
-# small tiles. Each choice is the largest tile that compiles for sm_90 without spilling
-# registers to local memory (ptxas, as checked by tests/test_kernels_compile_sm90.py).
+# 128 x 64 tiles and 8 warps where a sequence has more than 64 (row, head) pairs per KV head
+# (prefill, and windows of more than 64 / G rows) at heads of 65..128, 64 x 64 with 4 warps
+# for the shorter windows and small heads, 64 x 16 for heads of 256. Measured on an
+# H200 (bench/results/nvidia-h200/paged_attention.json against gpu_check/
+# paged_attention_quick.json, head_dim 128, bf16): 64 x 64 with 4 warps took 1.46 ms at
+# B=64, q 16, context 16384 (70% of copy bandwidth), where 64 x 32 with 8 warps took 3.36 ms,
+# although ptxas reports that the 64-key tiles spill registers at head_dim 128 and the
+# 32-key ones do not; prefill 128 x 64 was 1.3x faster than 128 x 32. (Those 64-key runs
+# were of the kernel before packed rows, which spilled 150 bytes; this one spills 208 on
+# Triton 3.6, and has not run on a GPU yet.) fp32 takes exact fp32 products ("ieee", no
+# TF32) with small tiles.
 #
 # Schedules, chosen from shapes only (no value is read on the host, so a call can be captured
 # in a CUDA graph): "decode" when the rows average at most MAX_DECODE_ROWS per sequence, else
 # "prefill".
 # - query tiles: grid ((N G) // BLOCK_M + B + 1, Hkv), one pass over the keys per tile; used
-#   for prefill and whenever that grid already fills the GPU;
-# - split-KV: for decode steps whose grid is below SPLIT_TARGET_WAVES programs per
-#   multiprocessor, grid (tiles, Hkv, num_splits) with num_splits up to the number of key
-#   tiles the page table can address; each sequence's keys are spread over the splits on the
-#   device (see the kernel), then the combine kernel merges the splits.
+#   for prefill and whenever the tiles that hold rows already fill the GPU;
+# - split-KV: for decode steps whose working programs (query tiles holding rows, times Hkv)
+#   are below SPLIT_TARGET_WAVES per multiprocessor, grid (tiles, Hkv, num_splits) with
+#   num_splits up to the number of key tiles the page table can address; each sequence's
+#   keys are spread over the splits on the device (see the kernel), then the combine kernel
+#   merges the splits. Every query tile of a KV head reads all of its keys, so the split
+#   keeps a sequence's (row, head) pairs in one 64- or 128-pair tile where it can: 16-pair tiles
+#   (fp16/bf16) are used only when even one split per key tile of the table leaves the GPU
+#   short of the target (short tables). On the H200, 16-pair tiles with 6 splits read the
+#   keys four times at B=1, q 16 and took 157 us at context 16384 where one 64-pair tile with
+#   33 splits took 48 us; at context 512 they took 14.5 us against 23 us.
 
 MAX_DECODE_ROWS = 64  # steps averaging up to this many rows per sequence may split the keys
 MAX_POSITIONS = 2**31 - 2**16  # P * page_size + N: int32 positions with room for split ends
@@ -734,12 +744,12 @@ def head_dim_block(head_dim: int) -> int:
 
 
 def launch_config(
-    dtype: torch.dtype, head_dim: int, decode: bool, few_programs: bool = False
+    dtype: torch.dtype, head_dim: int, pairs_per_sequence: int, few_programs: bool = False
 ) -> LaunchConfig:
-    """Tile sizes for q's dtype and head size, for a decode step (few rows per sequence) or
-    prefill; ``few_programs``: a decode step whose default query tiles would underfill the
-    GPU. Each configuration compiles for sm_90 without register spills (checked by the
-    tests)."""
+    """Tile sizes for q's dtype, the head size and the (row, head) pairs a sequence has per KV
+    head (its rows times the GQA group, on average); ``few_programs``: a decode step too
+    small for the default tiles to fill the GPU even with the most splits (see
+    :func:`schedule`)."""
     block_d = head_dim_block(head_dim)
     if dtype == torch.float32:
         return LaunchConfig(16, 16, 4, 2) if block_d >= 64 else LaunchConfig(32, 32, 4, 2)
@@ -747,15 +757,15 @@ def launch_config(
         return LaunchConfig(16, 32, 4, 2)
     if block_d >= 256:
         return LaunchConfig(64, 16, 8, 2)
-    if block_d <= 64 or decode:
-        return LaunchConfig(64, 32, 4 if block_d <= 64 else 8, 3)
-    return LaunchConfig(128, 32, 8, 3)
+    if block_d <= 64 or pairs_per_sequence <= 64:
+        return LaunchConfig(64, 64, 4, 3)
+    return LaunchConfig(128, 64, 8, 3)
 
 
 def launch_configs(dtype: torch.dtype, block_d: int) -> list[LaunchConfig]:
     """Every configuration :func:`launch_config` gives for q's dtype and a BLOCK_D."""
-    configs = {launch_config(dtype, block_d, decode, few)
-               for decode in (False, True) for few in (False, True)}
+    configs = {launch_config(dtype, block_d, pairs, few)
+               for pairs in (64, 65) for few in (False, True)}
     return sorted(configs, key=lambda c: (c.block_m, c.block_n, c.num_warps))
 
 
@@ -777,6 +787,12 @@ def query_tiles(num_rows: int, batch: int, group: int, block_m: int) -> int:
     return (num_rows * group) // block_m + batch + 1
 
 
+def working_tiles(num_rows: int, batch: int, group: int, block_m: int) -> int:
+    """Query tiles per KV head that hold rows (the others exit at once), as estimated from
+    shapes: the pairs in whole tiles, at least one tile per sequence."""
+    return max(triton.cdiv(num_rows * group, block_m), batch)
+
+
 @functools.lru_cache(maxsize=1024)
 def schedule(
     dtype: torch.dtype, num_rows: int, batch: int, kv_heads: int, group: int, head_dim: int,
@@ -784,19 +800,22 @@ def schedule(
 ) -> tuple[LaunchConfig, int]:
     """``(tile configuration, num_splits)`` of a call, from its shapes alone (cached)."""
     decode = num_rows <= MAX_DECODE_ROWS * max(batch, 1)
-    config = launch_config(dtype, head_dim, decode)
-    if decode and kv_heads * query_tiles(num_rows, batch, group, config.block_m) < multiprocessors:
-        config = launch_config(dtype, head_dim, decode, few_programs=True)
-    programs = kv_heads * query_tiles(num_rows, batch, group, config.block_m)
+    pairs_per_sequence = triton.cdiv(num_rows, max(batch, 1)) * group
+    config = launch_config(dtype, head_dim, pairs_per_sequence)
+    programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
+    most_splits = min(triton.cdiv(capacity, config.block_n), MAX_SPLITS)
+    if decode and programs * most_splits < SPLIT_TARGET_WAVES * multiprocessors:
+        config = launch_config(dtype, head_dim, pairs_per_sequence, few_programs=True)
+        programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
     return config, split_count(decode, programs, capacity, config, multiprocessors)
 
 
 def split_count(
     decode: bool, programs: int, capacity: int, config: LaunchConfig, multiprocessors: int
 ) -> int:
-    """How many key chunks the split-KV schedule uses (1: the query-tile schedule): enough
-    programs for SPLIT_TARGET_WAVES per multiprocessor, at most one per key tile the page
-    table can address."""
+    """How many key chunks the split-KV schedule uses (1: the query-tile schedule) for
+    ``programs`` working programs: enough for SPLIT_TARGET_WAVES per multiprocessor, at most
+    one per key tile the page table can address."""
     target = SPLIT_TARGET_WAVES * multiprocessors
     if not decode or programs >= target:
         return 1

@@ -34,6 +34,24 @@ def reference_generate(reference, prompts, params, mode="streaming", window=WIND
             for r in generator.generate(prompts, params, mode=mode)]
 
 
+# The requests of the engines of several processes (tensor and pipeline parallel, Ray):
+# greedy, and seeded sampling with top-k and top-p
+PARALLEL_GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+PARALLEL_SEEDS = [11, 12, 13, 2**40 + 7]
+PARALLEL_SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
+                                  seed=seed, ignore_eos=True) for seed in PARALLEL_SEEDS]
+
+
+def parallel_reference(reference) -> tuple[list, list]:
+    """model_min's (token ids, forwards, rows) per prompt of PROMPTS for PARALLEL_GREEDY and
+    for PARALLEL_SEEDED."""
+    greedy = reference_generate(reference, PROMPTS, model_min.SamplingParams(max_new_tokens=24))
+    seeded = reference_generate(reference, PROMPTS, [
+        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
+                                 seed=seed) for seed in PARALLEL_SEEDS])
+    return greedy, seeded
+
+
 def test_greedy_streaming_equals_model_min(engine, reference):
     got = vllm_generate(engine, PROMPTS, SamplingParams(max_tokens=40, temperature=0,
                                                         ignore_eos=True))

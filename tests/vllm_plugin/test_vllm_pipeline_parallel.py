@@ -23,21 +23,12 @@ from wedlm_kernels.integrations.vllm import request_stats, row_stats
 
 from .conftest import TINY, two_cpu_ranks, write_checkpoint
 from .test_vllm_async import async_engine_of
-from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+from .test_vllm_decoding import PARALLEL_GREEDY as GREEDY
+from .test_vllm_decoding import PARALLEL_SEEDED as SEEDED
+from .test_vllm_decoding import PROMPTS, parallel_reference, reference_generate, vllm_generate
 from .test_vllm_requests import run_engine
 
 pytestmark = pytest.mark.distributed
-
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-SEEDS = [11, 12, 13, 2**40 + 7]
-SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,
-                         ignore_eos=True) for seed in SEEDS]
-
-
-def _reference_seeded(reference):
-    return reference_generate(reference, PROMPTS, [
-        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
-                                 seed=seed) for seed in SEEDS])
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +38,9 @@ def pp2_engine(engines):
 
 
 def test_pp2_decodes_model_min_tokens_greedy_seeded_and_blockwise(pp2_engine, reference):
-    assert vllm_generate(pp2_engine, PROMPTS, GREEDY) == reference_generate(
-        reference, PROMPTS, model_min.SamplingParams(max_new_tokens=24))
-    assert vllm_generate(pp2_engine, PROMPTS, SEEDED) == _reference_seeded(reference)
+    want_greedy, want_seeded = parallel_reference(reference)
+    assert vllm_generate(pp2_engine, PROMPTS, GREEDY) == want_greedy
+    assert vllm_generate(pp2_engine, PROMPTS, SEEDED) == want_seeded
     blockwise = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
                                extra_args={"wedlm_mode": "blockwise"})
     assert vllm_generate(pp2_engine, PROMPTS, blockwise) == reference_generate(
@@ -112,6 +103,6 @@ def test_pp2_deeper_checkpoint_under_asynchronous_scheduling(engines, tmp_path):
                                           pipeline_parallel_size=2) as engine:
         greedy = vllm_generate(engine, PROMPTS, GREEDY)
         seeded = vllm_generate(engine, PROMPTS, SEEDED)
-    assert greedy == reference_generate(deeper, PROMPTS,
-                                        model_min.SamplingParams(max_new_tokens=24))
-    assert seeded == _reference_seeded(deeper)
+    want_greedy, want_seeded = parallel_reference(deeper)
+    assert greedy == want_greedy
+    assert seeded == want_seeded

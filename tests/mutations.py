@@ -30,6 +30,7 @@ survived or could not be run.
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -1136,6 +1137,7 @@ def make_copy(destination: Path, root: Path = ROOT) -> Path:
     return destination
 
 
+@functools.cache
 def _cuda_available() -> bool:
     """Whether the tests will see a GPU (as tests/conftest.py asks), in a child process: the
     mutation check itself does not import torch."""

@@ -14,7 +14,6 @@ one machine").
 
 import json
 import os
-import re
 import subprocess
 import time
 import urllib.request
@@ -26,7 +25,13 @@ import model_min
 
 from .conftest import WINDOW
 from .test_vllm_decoding import PROMPTS
-from .test_vllm_server import free_port, running_server, running_servers, serve_command
+from .test_vllm_server import (
+    counters_by_engine,
+    free_port,
+    running_server,
+    running_servers,
+    serve_command,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -81,20 +86,6 @@ def abandon_stream(address: str, prompt: list[int]) -> None:
         response.readline()
 
 
-def counters_by_engine(address: str) -> dict[str, dict[str, float]]:
-    """``{engine label: {counter: value}}`` of the server's ``/metrics``, for COUNTERS."""
-    with urllib.request.urlopen(f"{address.removesuffix('/v1')}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    found: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in COUNTERS:
-            engine = re.search(r'engine="([^"]*)"', line)
-            values = found.setdefault(engine.group(1) if engine else "", {})
-            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
-
-
 def settled(read, want_total: dict[str, float], timeout_s: float = 10.0):
     """``read()`` once the frontend has counted every step (its sums match
     ``want_total``) or the timeout passed."""
@@ -121,7 +112,7 @@ def serve_and_check(addresses: list[str], reference, count: int) -> dict:
 
     def read():
         return {(address, engine): values for address in addresses
-                for engine, values in counters_by_engine(address).items()}
+                for engine, values in counters_by_engine(address, COUNTERS.__contains__).items()}
 
     want_total = {COUNTERS[0]: sum(r.forwards for r in want),
                   COUNTERS[2]: sum(len(r.token_ids) for r in want)}

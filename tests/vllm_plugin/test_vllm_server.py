@@ -7,6 +7,7 @@ command is vLLM's own, through ``python -m wedlm_kernels.integrations.vllm serve
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -372,15 +373,30 @@ def test_logprobs_over_completions_and_chat_are_model_mins(client):
                                      for c in content)
 
 
-def diffusion_counters(server: str) -> dict[str, float]:
-    """The ``vllm:diffusion_*_total`` counters of the server's ``/metrics``."""
+def counters_by_engine(server: str, wanted) -> dict[str, dict[str, float]]:
+    """``{engine label: {counter: value}}`` of the server's ``/metrics`` for the counters
+    whose name ``wanted(name)`` accepts (a counter's samples of one engine summed; "" for
+    samples without an engine label)."""
     with urllib.request.urlopen(f"{server.removesuffix('/v1')}/metrics", timeout=10) as page:
         text = page.read().decode()
-    totals: dict[str, float] = {}
+    found: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
-        if name.startswith("vllm:diffusion_") and name.endswith("_total"):
-            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if wanted(name):
+            engine = re.search(r'engine="([^"]*)"', line)
+            values = found.setdefault(engine.group(1) if engine else "", {})
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def diffusion_counters(server: str) -> dict[str, float]:
+    """The ``vllm:diffusion_*_total`` counters of the server's ``/metrics``, summed over
+    its engines."""
+    totals: dict[str, float] = {}
+    for values in counters_by_engine(server, lambda name: name.startswith(
+            "vllm:diffusion_") and name.endswith("_total")).values():
+        for name, value in values.items():
+            totals[name] = totals.get(name, 0.0) + value
     return totals
 
 

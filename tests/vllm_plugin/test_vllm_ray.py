@@ -11,7 +11,9 @@ tests/vllm_plugin/triton_cpu_backend (``wedlm_test_triton_cpu/ray_platform.py``)
 CPU platform the key ``"GPU"`` under ``WEDLM_TEST_RAY_CPU=1``, which the nodes' raylets
 pass to the workers; the nodes declare one such slot each (``num_gpus=1``) and nothing
 reads a GPU. In this process, whose platform was resolved before, the class attribute is
-patched for the test. Two engines and the cluster: about 50 s on two cores.
+patched for the test. Ray's workers run at niceness 0 here, not Ray's 15 (docs/vllm.md,
+"Ray"). Two engines and the cluster: about 50 s on two idle cores, 100 s beside three busy
+processes.
 """
 
 import contextlib
@@ -44,7 +46,12 @@ def ray_cluster():
     def node(cpu: int) -> dict:
         return dict(num_cpus=1, num_gpus=1, env_vars={
             "WEDLM_TEST_RAY_CPU": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray runs its workers at niceness 15, which on a machine busy with other
+            # work of the same session (CI's other chains) starved the ranks: one
+            # engine's start took past the test's limit. At 0 they compete as the
+            # worker processes of vLLM's own executor do.
+            "RAY_worker_niceness": "0"})
 
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         node(cpus[0]), include_dashboard=False), shutdown_at_exit=True)
@@ -71,8 +78,24 @@ def ray_engine(engines, ray_cluster, **parallel):
             with engines.own(distributed_executor_backend="ray", **parallel) as engine:
                 yield engine
         finally:
+            shut_down_ray_executors()
             if ray.is_initialized():
                 ray.shutdown()
+
+
+def shut_down_ray_executors() -> None:
+    """Shut down every Ray executor still running in this process: one whose engine failed
+    to start (an exception out of ``LLM(...)``) is never shut down by it. Left alone, its
+    finalizer runs at the interpreter's exit, after the driver disconnected: ``ray.kill``
+    then starts a local Ray instance and logs a traceback per rank into pytest's closed
+    streams, pages that would bury the failure's report at the end of the output."""
+    import gc
+
+    from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
+
+    for executor in [obj for obj in gc.get_objects() if isinstance(obj, RayExecutorV2)]:
+        if not getattr(executor, "shutting_down", False):
+            executor.shutdown()
 
 
 def worker_nodes(engine) -> list[str]:

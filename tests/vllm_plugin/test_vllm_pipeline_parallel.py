@@ -27,6 +27,7 @@ from .test_vllm_decoding import PARALLEL_GREEDY as GREEDY
 from .test_vllm_decoding import PARALLEL_SEEDED as SEEDED
 from .test_vllm_decoding import PROMPTS, parallel_reference, reference_generate, vllm_generate
 from .test_vllm_requests import run_engine
+from .test_vllm_structured import CASES, EOS, both, text, valid
 
 pytestmark = pytest.mark.distributed
 
@@ -76,6 +77,17 @@ def test_pp2_requests_arriving_aborting_and_preempted(pp2_engine, reference):
     assert restarts >= 2, f"{restarts} preemptions: the test needs a smaller cache"
 
 
+@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pp2_structured_outputs_are_valid_and_model_mins_tokens(pp2_engine, reference, case,
+                                                                seed):
+    served, wanted = both(pp2_engine, case, seed)
+    got = vllm_generate(pp2_engine, PROMPTS, served)
+    assert got == reference_generate(reference, PROMPTS, wanted)
+    for tokens, _, _ in got:
+        assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
+
+
 def write_deeper_checkpoint(path):
     """The tiny model with 8 layers: its 4, then 4 more of random weights at their scales
     (a checkpoint whose two stages both hold trained and random layers)."""
@@ -103,6 +115,17 @@ def test_pp2_deeper_checkpoint_under_asynchronous_scheduling(engines, tmp_path):
                                           pipeline_parallel_size=2) as engine:
         greedy = vllm_generate(engine, PROMPTS, GREEDY)
         seeded = vllm_generate(engine, PROMPTS, SEEDED)
+        structured = {}
+        for case, seed in (("json", None), ("regex", 5)):
+            served, wanted = both(engine, case, seed)
+            structured[case] = (vllm_generate(engine, PROMPTS, served),
+                                reference_generate(deeper, PROMPTS, wanted))
     want_greedy, want_seeded = parallel_reference(deeper)
     assert greedy == want_greedy
     assert seeded == want_seeded
+    for case, (got, want) in structured.items():
+        # tokens (as test_vllm_async.py: under asynchronous scheduling the rows fed are the
+        # fixed canvas's, plus a step vLLM schedules past a request's end)
+        assert [tokens for tokens, _, _ in got] == [tokens for tokens, _, _ in want], case
+        for tokens, _, _ in got:
+            assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)

@@ -104,10 +104,6 @@ def _structured_refusal(vllm_config) -> str | None:
     if vllm_config.scheduler_config.scheduler_cls != SCHEDULER:
         return ("WeDLM's structured outputs need the plugin's scheduler, and this engine "
                 f"runs {vllm_config.scheduler_config.scheduler_cls!r}")
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        return ("with pipeline parallelism the scheduler receives a step's windows before "
-                "it has the step's output, so its grammar walk would not see the window the "
-                "step feeds")
     outputs = vllm_config.structured_outputs_config
     if getattr(outputs, "reasoning_parser", None) and not getattr(
             outputs, "enable_in_reasoning", False):

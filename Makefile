@@ -200,7 +200,7 @@ test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
 # serving past one engine (docs/vllm.md, "Serving past one machine"): pipeline parallelism
 # (two engines of two worker processes), data parallelism (a DP=2 server, two independent
 # servers) and the Ray executor (TP=2 and PP=2 on a two-node local Ray cluster), marker
-# "distributed"; about 5.5 minutes on two idle cores (PP 100 s, DP 155 s, Ray 50 s)
+# "distributed"; about 6 minutes on two idle cores (PP 125 s, DP 155 s, Ray 50 s)
 test-vllm-dist: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
 

@@ -199,8 +199,9 @@ test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
 
 # serving past one engine (docs/vllm.md, "Serving past one machine"): pipeline parallelism
 # (two engines of two worker processes), data parallelism (a DP=2 server, two independent
-# servers) and the Ray executor (TP=2 and PP=2 on a two-node local Ray cluster), marker
-# "distributed"; about 6 minutes on two idle cores (PP 125 s, DP 155 s, Ray 50 s)
+# servers) and Ray (the Ray executor at TP=2 and PP=2, and DP=2 on Ray, on a two-node local
+# Ray cluster), marker "distributed"; about 6.5 minutes on two idle cores (PP 125 s, DP
+# 155 s, Ray 90 s)
 test-vllm-dist: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
 

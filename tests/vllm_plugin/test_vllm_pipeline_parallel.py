@@ -1,8 +1,9 @@
 """Pipeline parallelism: at pipeline_parallel_size=2 (two stages of the tiny model's four
 layers, one worker process each) the plugin decodes model_min's tokens, greedy and seeded,
 streaming and block-wise, in model_min's forwards and live rows, with requests arriving,
-aborting and being preempted; and so does a deeper random checkpoint (eight layers, four a
-stage) under vLLM's asynchronous scheduling.
+aborting and being preempted; structured outputs (json, regex, choice, grammar) are valid
+and model_min's; and so does a deeper random checkpoint (eight layers, four a stage) under
+vLLM's asynchronous scheduling, structured requests included.
 
 The last stage's sampler moves the windows; the first stage feeds its canvas from the
 windows the last stage hands over through vLLM's draft-token rows, which land

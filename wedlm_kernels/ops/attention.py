@@ -803,7 +803,7 @@ def schedule(
     pairs_per_sequence = triton.cdiv(num_rows, max(batch, 1)) * group
     config = launch_config(dtype, head_dim, pairs_per_sequence)
     programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
-    most_splits = min(triton.cdiv(capacity, config.block_n), MAX_SPLITS)
+    most_splits = split_limit(capacity, config)
     if decode and programs * most_splits < SPLIT_TARGET_WAVES * multiprocessors:
         config = launch_config(dtype, head_dim, pairs_per_sequence, few_programs=True)
         programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
@@ -819,8 +819,13 @@ def split_count(
     target = SPLIT_TARGET_WAVES * multiprocessors
     if not decode or programs >= target:
         return 1
-    key_tiles = triton.cdiv(capacity, config.block_n)
-    return max(1, min(triton.cdiv(target, programs), key_tiles, MAX_SPLITS))
+    return max(1, min(triton.cdiv(target, programs), split_limit(capacity, config)))
+
+
+def split_limit(capacity: int, config: LaunchConfig) -> int:
+    """The most key chunks a call may split into: one per key tile the page table can
+    address, at most MAX_SPLITS."""
+    return min(triton.cdiv(capacity, config.block_n), MAX_SPLITS)
 
 
 @functools.cache

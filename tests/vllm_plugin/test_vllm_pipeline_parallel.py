@@ -28,7 +28,7 @@ from .test_vllm_decoding import PARALLEL_GREEDY as GREEDY
 from .test_vllm_decoding import PARALLEL_SEEDED as SEEDED
 from .test_vllm_decoding import PROMPTS, parallel_reference, reference_generate, vllm_generate
 from .test_vllm_requests import run_engine
-from .test_vllm_structured import CASES, EOS, both, text, valid
+from .test_vllm_structured import CASES, assert_valid, both, decode_and_check
 
 pytestmark = pytest.mark.distributed
 
@@ -82,11 +82,7 @@ def test_pp2_requests_arriving_aborting_and_preempted(pp2_engine, reference):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pp2_structured_outputs_are_valid_and_model_mins_tokens(pp2_engine, reference, case,
                                                                 seed):
-    served, wanted = both(pp2_engine, case, seed)
-    got = vllm_generate(pp2_engine, PROMPTS, served)
-    assert got == reference_generate(reference, PROMPTS, wanted)
-    for tokens, _, _ in got:
-        assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
+    decode_and_check(pp2_engine, reference, case, seed)
 
 
 def write_deeper_checkpoint(path):
@@ -128,5 +124,4 @@ def test_pp2_deeper_checkpoint_under_asynchronous_scheduling(engines, tmp_path):
         # tokens (as test_vllm_async.py: under asynchronous scheduling the rows fed are the
         # fixed canvas's, plus a step vLLM schedules past a request's end)
         assert [tokens for tokens, _, _ in got] == [tokens for tokens, _, _ in want], case
-        for tokens, _, _ in got:
-            assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
+        assert_valid(case, got)

@@ -82,15 +82,27 @@ def both(engine, case: str, seed: int | None, max_tokens: int = 64):
     return served, wanted
 
 
+def assert_valid(case: str, outputs) -> None:
+    """Every output (token ids first) ends on eos, and its text is one ``case`` accepts."""
+    for tokens, *_ in outputs:
+        assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
+
+
+def decode_and_check(engine, reference, case: str, seed: int | None) -> list:
+    """The request of ``case`` for every prompt of PROMPTS on ``engine``: model_min's tokens,
+    forwards and rows, every output valid; returns the outputs."""
+    served, wanted = both(engine, case, seed)
+    got = vllm_generate(engine, PROMPTS, served)
+    assert got == reference_generate(reference, PROMPTS, wanted)
+    assert_valid(case, got)
+    return got
+
+
 @pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_grammar_decodes_valid_outputs_and_model_mins_tokens(engine, reference, case,
                                                                    seed):
-    served, wanted = both(engine, case, seed)
-    got = vllm_generate(engine, PROMPTS, served)
-    assert got == reference_generate(reference, PROMPTS, wanted)
-    for tokens, forwards, _ in got:
-        assert tokens[-1] == EOS and valid(case, text(tokens[:-1])), text(tokens)
+    for tokens, forwards, _ in decode_and_check(engine, reference, case, seed):
         assert forwards < len(tokens)  # the forced tokens commit beside a sampled one
 
 

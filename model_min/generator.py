@@ -37,6 +37,7 @@ from wedlm_kernels.logprobs import (
     position_logprobs,
     row_records,
 )
+from wedlm_kernels.output_ids import never_output_ids, output_bitmask
 
 from .cache import slot_mapping_for
 from .config import is_integer
@@ -169,7 +170,9 @@ def parse_threshold(text: str) -> float | None:
 @dataclass
 class Result:
     token_ids: list[int]
-    finish_reason: str  # "stop" (a stop token was generated) or "length"
+    # "stop" (a stop token was generated), "length", or "error": the request could not go
+    # on (its grammar allows no token after its committed ones; ``error`` says why)
+    finish_reason: str
     forwards: int  # decode forwards the request took part in (AR: every token's forward)
     rows: int  # live window rows fed over all forwards
     tokens_per_forward: float
@@ -180,6 +183,7 @@ class Result:
     # the distribution its slot was filled from (as vLLM's SampleLogprobs, without text);
     # with logprob_token_ids, those tokens' entries instead of the most likely
     logprobs: list[dict[int, Logprob]] | None = None
+    error: str | None = None  # why a request ended with finish_reason "error"
 
 
 @dataclass
@@ -192,6 +196,7 @@ class _Request:
     pages: list[int] = field(default_factory=list)
     grammar: Any = None  # its structured output's grammar, at its committed tokens
     accepted: int = 0  # committed tokens the grammar has accepted
+    error: str | None = None  # set when the request cannot go on (it ends with "error")
 
 
 def row_bucket(live_rows: int, most: int) -> int:
@@ -296,6 +301,16 @@ class Generator:
         self.tokenizer = tokenizer
         self.poll_every = poll_every
         self.mask_token_id = mask_token_id if mask_token_id is not None else model.config.mask_token_id
+        # The ids no request outputs (wedlm_kernels.output_ids): the mask id and the ids the
+        # checkpoint's tokenizer does not decode, -inf in every row a step decides
+        known = model.tokenizer_ids
+        if known is None and tokenizer is not None:
+            known = tokenizer.ids()
+        self.never_output_ids = never_output_ids(model.config.vocab_size, self.mask_token_id,
+                                                 known)
+        self._never_output = torch.tensor(self.never_output_ids, dtype=torch.int64,
+                                          device=model.device)
+        self._output_mask = output_bitmask(model.config.vocab_size, self.never_output_ids)
         if max_cache_tokens is None:
             max_cache_tokens = max_batch * (min(model.config.max_position_embeddings, 4096) + window)
         self.cache = model.new_cache(-(-max_cache_tokens // page_size), page_size)
@@ -507,6 +522,8 @@ class Generator:
                 logprobs: list[dict[int, Logprob]] | None = None) -> Result:
         stops = set(request.params.stop_token_ids)
         reason = "stop" if tokens and tokens[-1] in stops else "length"
+        if request.error is not None:
+            reason = "error"
         return Result(
             token_ids=tokens,
             finish_reason=reason,
@@ -517,6 +534,7 @@ class Generator:
             seed=request.seed,
             text=self.tokenizer.decode(tokens) if self.tokenizer is not None else None,
             logprobs=logprobs,
+            error=request.error,
         )
 
     # ---------------------------------------------------------------- the host loop
@@ -576,7 +594,8 @@ class Generator:
         """Walk each structured request's window with its grammar before a step
         (wedlm_kernels.grammar): its grammar first accepts the tokens committed since the
         last walk. Reads the batch's window and outputs back (one transfer a step: a grammar
-        runs on the host)."""
+        runs on the host). A request whose grammar allows no token after its committed ones
+        (its first slot a dead end) ends here, before the step, with finish_reason "error"."""
         constrained = [i for i, r in enumerate(owners)
                        if r is not None and r.grammar is not None]
         if not constrained:
@@ -594,6 +613,7 @@ class Generator:
         windows: list[list[int] | None] = [None] * batch
         plans: list[Any] = [None] * batch
         first_rows = [0] * batch
+        stuck: list[int] = []
         for order, i in enumerate(constrained):
             request = owners[i]
             out_len, win_len, finished = (int(v) for v in host[i, :3])
@@ -607,7 +627,18 @@ class Generator:
             windows[i] = [-1] if ar else host[i, 3: 3 + min(win_len, slots)].tolist()
             first_rows[i] = order * rows_each
             plans[i] = plan_window(request.grammar, windows[i], bitmask, first_rows[i],
-                                   str(request.index))
+                                   str(request.index), self._output_mask)
+            if plans[i].stuck:
+                request.error = (
+                    f"SamplingParams.grammar: request {request.index}'s grammar allows no "
+                    f"token after its {out_len} output tokens and has not ended, so it "
+                    "cannot go on")
+                stuck.append(i)
+                windows[i] = plans[i] = None
+        if stuck:  # ended: no row of theirs is decided, no forward counts them
+            index = torch.tensor(stuck, dtype=torch.int64, device=self._device)
+            state.finished.index_fill_(0, index, True)
+            state.win_len.index_fill_(0, index, 0)
         # logit rows: AR one per sequence; a window step W per sequence, its masks in order
         base = list(range(batch)) if ar else [i * self.window for i in range(batch)]
         return GrammarStep.build(windows, plans, first_rows, base, bitmask.numpy(),
@@ -728,9 +759,9 @@ class Generator:
         last_hidden = self.model.prefill([r.prompt for r in requests], block_table, self.cache)
         if ar:
             # The one prefill that computes logits: the last prompt row predicts position L.
-            live = torch.ones(count, dtype=torch.bool, device=device)
             grammar = self._plan_grammar(state, requests) if self._grammars else None
-            self._ar_commit(state, self.model.logits(last_hidden), live, grammar)
+            # (a request its grammar's walk ended has finished)
+            self._ar_commit(state, self.model.logits(last_hidden), ~state.finished, grammar)
         return state
 
     def _admit_logprobs(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
@@ -865,6 +896,14 @@ class Generator:
         s.output_counts.scatter_add_(1, torch.where(committed, tokens, 0),
                                      committed.to(torch.int32))
 
+    def _ban_never_output(self, logits: torch.Tensor) -> torch.Tensor:
+        """``-inf`` at the ids no request outputs, in every row, in place, before anything
+        reads the logits (a grammar's mask, the logprobs, the rules, the entropy, the
+        selection; docs/contracts.md, "Ids never output"). Returns ``logits``."""
+        if self._never_output.numel():
+            logits.index_fill_(1, self._never_output, -math.inf)
+        return logits
+
     def _step(self, state: BatchState, mode: str | None = None,
               num_rows: int | None = None, grammar: GrammarStep | None = None) -> None:
         """One decode step of the whole batch, in place, without host synchronisation;
@@ -898,7 +937,7 @@ class Generator:
                     + torch.arange(window, device=self._device))  # [B, W]
         is_mask_row = mask_row < query_start[1:, None]
         mask_row = mask_row.clamp(max=num_rows - 1).reshape(-1)
-        logits = model.logits(hidden.index_select(0, mask_row))
+        logits = self._ban_never_output(model.logits(hidden.index_select(0, mask_row)))
         # a mask row predicts its logical position ctx_len + order, its RoPE position
         row_pos = torch.where(is_mask_row.reshape(-1), positions.index_select(0, mask_row), -1)
         cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
@@ -967,6 +1006,7 @@ class Generator:
         """Sample position ``L`` like a select_tokens row (threshold -inf) and append it
         under the stop and length rules."""
         batch = s.size
+        logits = self._ban_never_output(logits)
         row_pos = torch.where(live, s.ctx_len.long(), -1)
         cu_rows = torch.arange(batch + 1, dtype=torch.int32, device=self._device)
         if grammar is not None:

@@ -22,6 +22,7 @@ from wedlm_kernels.model_config import (  # noqa: F401  (CheckpointError re-expo
     check_no_missing,
     expected_shapes,
 )
+from wedlm_kernels.output_ids import tokenizer_ids
 
 from .config import load_config
 from .model import LayerWeights, Model
@@ -166,4 +167,6 @@ def load_model(
     # tied, but the file stores a head of its own: that head (transformers >= 5 and vLLM
     # untie the two then too, where they differ)
     lm_head = get("lm_head.weight") if "lm_head.weight" in headers else embed_tokens
-    return Model(config, embed_tokens, layers, get("model.norm.weight"), lm_head)
+    model = Model(config, embed_tokens, layers, get("model.norm.weight"), lm_head)
+    model.tokenizer_ids = tokenizer_ids(path)
+    return model

@@ -57,6 +57,9 @@ class Model:
         self.layers = layers
         self.final_norm = final_norm
         self.lm_head = lm_head
+        # the ids the checkpoint's tokenizer decodes (load_model reads them from its
+        # tokenizer.json; None: unknown), for the ids a Generator never outputs
+        self.tokenizer_ids: frozenset[int] | None = None
         self.device = embed_tokens.device
         self.dtype = embed_tokens.dtype
         self.scale = config.head_dim**-0.5

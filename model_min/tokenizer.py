@@ -31,6 +31,10 @@ class Tokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    def ids(self) -> frozenset[int]:
+        """Every id the tokenizer decodes (its vocabulary and added tokens)."""
+        return frozenset(self._tokenizer.get_vocab(with_added_tokens=True).values())
+
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 

@@ -81,19 +81,33 @@ def decode(
     mode: str = "streaming",
     window: int = 16,
     mask_id: int | None = None,
+    never_output: tuple[int, ...] = (),
 ) -> DecodeResult:
     """Decode one sequence: ``mode`` "streaming" (WeDLM streaming parallel decoding),
-    "blockwise" (the stop-and-wait block baseline) or "ar" (one token per forward)."""
+    "blockwise" (the stop-and-wait block baseline) or "ar" (one token per forward).
+    ``never_output``: the ids no request outputs (wedlm_kernels.output_ids), ``-inf`` in
+    every row before the logit rules."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if window <= 0:
         raise ValueError(f"window must be > 0, got {window}")
     prompt = [int(t) for t in prompt_ids]
+    if never_output:
+        forward = _banning(forward, list(never_output))
     if mode == "ar":
         return _decode_ar(forward, prompt, params)
     if mask_id is None or mask_id < 0:
         raise ValueError(f"mask_id must be a vocabulary id for mode {mode!r}, got {mask_id}")
     return _decode_window(forward, prompt, params, window, mask_id, mode == "blockwise")
+
+
+def _banning(forward: ForwardFn, never: list[int]) -> ForwardFn:
+    """``forward`` with the ids ``never`` at ``-inf`` in every row it returns."""
+    def banned(input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        logits = forward(input_ids, position_ids).clone()
+        logits[:, never] = -math.inf
+        return logits
+    return banned
 
 
 def _result(out, reason, trace, rows) -> DecodeResult:

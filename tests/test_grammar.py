@@ -14,6 +14,7 @@ import torch
 from model_min import Generator, SamplingParams, load_model
 from tests.grammars import Choice
 from wedlm_kernels.grammar import GrammarStep, only_token, plan_window, token_allowed
+from wedlm_kernels.output_ids import output_bitmask
 
 END, VOCAB = 9, 70
 TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"
@@ -46,7 +47,7 @@ def test_an_empty_window_decides_the_forced_run_and_the_first_free_slot():
     # "1 2 3" or "1 2 4": 1 and 2 are forced, the third slot is a choice
     grammar = Choice([[1, 2, 3], [1, 2, 4]], END, VOCAB)
     rows = bitmask(6)
-    assert plan_window(grammar, [-1] * 5, rows, 1) == (3, -1)
+    assert plan_window(grammar, [-1] * 5, rows, 1) == (3, -1, False)
     table = rows.numpy()
     assert [allowed_of(table[1 + s]) for s in range(3)] == [{1}, {2}, {3, 4}]
     assert all((table[1 + s] == -1).all() for s in (3, 4))  # undecided: not constrained
@@ -57,11 +58,11 @@ def test_filled_slots_are_checked_in_order_and_a_rejected_one_ends_the_walk():
     grammar = Choice([[1, 2, 3, 5], [1, 6]], END, VOCAB)
     rows = bitmask(6)
     # slot 0 filled with 1 (accepted), slot 1 a mask (2 or 6), slot 2 filled: undecided
-    assert plan_window(grammar, [1, -1, 3, -1], rows, 0) == (2, -1)
+    assert plan_window(grammar, [1, -1, 3, -1], rows, 0) == (2, -1, False)
     assert allowed_of(rows.numpy()[1]) == {2, 6}
     # 1, 2 accepted; slot 2 holds 4, which the grammar rejects there: decided up to it,
     # with the mask of its place (3) in its row
-    assert plan_window(grammar, [1, 2, 4, -1, -1], rows, 0) == (3, 2)
+    assert plan_window(grammar, [1, 2, 4, -1, -1], rows, 0) == (3, 2, False)
     assert allowed_of(rows.numpy()[2]) == {3} and (rows.numpy()[3:5] == -1).all()
     assert grammar.tokens == []
 
@@ -69,7 +70,7 @@ def test_filled_slots_are_checked_in_order_and_a_rejected_one_ends_the_walk():
 def test_after_the_end_the_window_is_decided_and_free():
     grammar = Choice([[1]], END, VOCAB)
     rows = bitmask(4)
-    assert plan_window(grammar, [-1, -1, -1, -1], rows, 0) == (4, -1)  # 1, END; then free
+    assert plan_window(grammar, [-1, -1, -1, -1], rows, 0) == (4, -1, False)  # 1, END; free
     table = rows.numpy()
     assert allowed_of(table[0]) == {1} and allowed_of(table[1]) == {END}
     assert (table[2:] == -1).all() and not grammar.terminated
@@ -104,7 +105,7 @@ def test_a_filled_slot_the_grammar_rejects_is_masked_again_before_the_commit():
     rows = bitmask(3)
     window = [1, 5, -1]
     plan = plan_window(grammar, window, rows, 0)
-    assert plan == (2, 1)
+    assert plan == (2, 1, False)
     step = GrammarStep.build([window], [plan], [0], [0], rows.numpy(), "cpu")
     tokens = torch.tensor([[1, 5, 0]])
     masks = torch.tensor([[False, False, True]])
@@ -142,10 +143,36 @@ def test_a_grammar_whose_mask_and_acceptance_disagree_never_gets_a_refused_token
     rows = bitmask(4)
     # a filled slot the mask allows and accept_tokens refuses is masked again
     grammar = Inconsistent([[1, 2, 3]], END, VOCAB, refused=2)
-    assert plan_window(grammar, [1, 2, -1, -1], rows, 0) == (2, 1)
-    # a forced token it refuses is not decided, so never sampled
-    assert plan_window(grammar, [1, -1, -1, -1], rows, 0) == (1, -1)
+    assert plan_window(grammar, [1, 2, -1, -1], rows, 0) == (2, 1, False)
+    # a forced token it refuses is not decided, so never sampled: a dead end
+    assert plan_window(grammar, [1, -1, -1, -1], rows, 0) == (1, -1, True)
+    assert plan_window(grammar, [1, -1, -1, -1], rows, 0).stuck is False
     assert grammar.tokens == []
+
+
+def test_a_mask_no_token_can_fill_is_a_dead_end_and_at_the_first_slot_the_request_is_stuck():
+    nothing = Choice([], END, VOCAB)  # accepts no sequence: it allows no first token
+    rows = bitmask(3)
+    plan = plan_window(nothing, [-1, -1, -1], rows, 0)
+    assert plan == (0, -1, True) and plan.stuck
+    assert (rows.numpy() == -1).all()  # nothing decided: no row constrains a slot
+    # after the forced 1, the one token the grammar allows (5) is never output: a dead end
+    # at slot 1, with slot 0 still decided
+    grammar = Choice([[1, 5]], END, VOCAB)
+    plan = plan_window(grammar, [-1, -1, -1], rows, 0, output_mask=output_bitmask(VOCAB, [5]))
+    assert plan == (1, -1, True) and not plan.stuck
+    assert allowed_of(rows.numpy()[0]) == {1} and (rows.numpy()[1:] == -1).all()
+    assert grammar.tokens == []
+
+
+def test_the_output_mask_narrows_each_row_and_a_filled_slot_outside_it_is_rejected():
+    grammar = Choice([[1, 2], [1, 3]], END, VOCAB)
+    rows = bitmask(4)
+    mask = output_bitmask(VOCAB, [3, 40])
+    # 1, then 2 (3 is never output), then the end: all forced; the last slot free
+    assert plan_window(grammar, [-1] * 4, rows, 0, output_mask=mask) == (4, -1, False)
+    assert [allowed_of(rows.numpy()[s]) for s in range(3)] == [{1}, {2}, {END}]
+    assert plan_window(grammar, [1, 3, -1], rows, 0, output_mask=mask) == (2, 1, False)
 
 
 CHOICES = [list(b"positive"), list(b"negative"), list(b"neutral")]
@@ -189,6 +216,26 @@ def test_model_min_lets_the_grammar_end_before_min_tokens(tiny):
     for mode in ("streaming", "ar"):
         [result] = Generator(tiny, window=8).generate([list(b"x = ")], params, mode=mode)
         assert result.token_ids[:-1] in CHOICES and result.token_ids[-1] == 256
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise", "ar"])
+def test_a_grammar_that_allows_nothing_ends_its_request_alone_before_any_forward(tiny, mode):
+    def params(choices):
+        return SamplingParams(max_new_tokens=20, stop_token_ids=(256,),
+                              grammar=lambda: Choice(choices, 256, tiny.config.vocab_size))
+
+    prompts = [list(b"Review: great. Sentiment:"), list(b"x = "), [1, 2, 3]]
+    generator = Generator(tiny, window=8, max_batch=3)
+    together = generator.generate(prompts, [params(CHOICES), params([]), params(CHOICES)],
+                                  mode=mode)
+    alone = generator.generate(prompts[::2], params(CHOICES), mode=mode)
+    stuck = together[1]
+    assert (stuck.token_ids, stuck.forwards, stuck.rows, stuck.finish_reason) == (
+        [], 0, 0, "error")
+    assert "SamplingParams.grammar" in stuck.error and "after its 0 output tokens" in stuck.error
+    assert [(r.token_ids, r.forwards, r.finish_reason) for r in together[::2]] == [
+        (r.token_ids, r.forwards, r.finish_reason) for r in alone]
+    assert all(r.error is None for r in alone)
 
 
 def test_a_grammar_that_is_not_a_function_is_refused_by_name():

@@ -46,8 +46,9 @@ def reference_decode(hf, prompt, params: SamplingParams, mode, window):
         min_tokens=params.min_tokens, logit_bias=params.logit_bias,
         allowed_token_ids=params.allowed_token_ids,
     )
+    # (the random checkpoints have no tokenizer: the mask id is the one id never output)
     return decode(forward, prompt, reference_params, mode=mode, window=window,
-                  mask_id=MASK_TOKEN_ID)
+                  mask_id=MASK_TOKEN_ID, never_output=(MASK_TOKEN_ID,))
 
 
 def assert_matches_reference(hf, prompts, params_list, results, mode, window):
@@ -214,10 +215,11 @@ def test_ar_mode_equals_hf_greedy_generate(tiny):
 def test_ar_named_token_logprobs_are_the_causal_models_values(tiny, logprobs_mode):
     """AR: each token's entry lists the token and exactly the named ids (logprob_token_ids),
     valued by the causal model's logits at its position (log-softmax or the logits
-    themselves), the token with its rank, id j with rank j; a top-K request beside it keeps
-    its top-K."""
+    themselves) over the ids a request may output (the mask id, the one never output on
+    this checkpoint without a tokenizer, at -inf), the token with its rank, id j with rank
+    j; a top-K request beside it keeps its top-K."""
     hf, model = tiny
-    named = [5, 9, 5, 200]
+    named = [5, 9, 5, 200, MASK_TOKEN_ID]
     generator = Generator(model, window=4, page_size=4, logprobs_mode=logprobs_mode)
     params = [SamplingParams(max_new_tokens=6, logprob_token_ids=named),
               SamplingParams(max_new_tokens=6, logprobs=2)]
@@ -228,6 +230,7 @@ def test_ar_named_token_logprobs_are_the_causal_models_values(tiny, logprobs_mod
             ids = prompt + result.token_ids[:j]
             with torch.no_grad():
                 logits = hf_logits(hf, ids, range(len(ids)))[-1].double()
+            logits[MASK_TOKEN_ID] = float("-inf")
             values = (torch.log_softmax(logits, -1) if logprobs_mode == "raw_logprobs"
                       else logits)
             rank = int((logits >= logits[token]).sum())
@@ -240,6 +243,7 @@ def test_ar_named_token_logprobs_are_the_causal_models_values(tiny, logprobs_mod
             for t, (value, token_rank) in expected.items():
                 assert entry[t].rank == token_rank
                 assert entry[t].logprob == pytest.approx(value, abs=1e-4)
+            assert entry[MASK_TOKEN_ID].logprob == float("-inf")
 
 
 def test_cached_kv_of_committed_positions_equals_hf_causal_forward(tiny):

@@ -135,6 +135,22 @@ def test_worked_example_of_algorithm_section_4():
     assert result.tokens_per_forward == 8 / 3
 
 
+def test_an_id_never_output_is_banned_before_the_entropy_and_the_token():
+    """The scripted model's argmax at position 11 is never output: its row's next best is
+    filled instead (every other entry ties at 0: the first, id 0), and the row's entropy is
+    then that of the tie, above the one-token-per-step fallback's other rows."""
+    banned = token_for(11)
+    model = ScriptedModel([], default_entropy=0.1)
+    result = decode(model, list(range(1, 11)), Params(max_new_tokens=3, threshold=None),
+                    window=4, mask_id=FAKE_MASK_ID, never_output=(banned,))
+    assert banned not in result.token_ids
+    assert all(torch.isneginf(record.logits[:, banned]).all() for record in result.trace)
+    unbanned = decode(ScriptedModel([], default_entropy=0.1), list(range(1, 11)),
+                      Params(max_new_tokens=3, threshold=None), window=4,
+                      mask_id=FAKE_MASK_ID)
+    assert banned in unbanned.token_ids
+
+
 def test_distance_penalty_can_reject_a_mask_below_threshold():
     # position 13 has entropy 0.50 < 0.52 but adjusted 0.54 >= 0.52: only 11 is filled
     script = [{10: 0.1, 11: 2.0, 12: 0.3, 13: 2.0}, {11: 0.10, 13: 0.50, 14: 0.90}]

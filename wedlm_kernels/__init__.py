@@ -18,8 +18,10 @@ Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.
 bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin),
 :mod:`wedlm_kernels.grammar` how a grammar (structured outputs) constrains a window,
 :mod:`wedlm_kernels.logprobs` which distribution a committed token's logprobs come from,
-:mod:`wedlm_kernels.bad_words` how a window never writes a bad word, and
-:mod:`wedlm_kernels.model_config` what a checkpoint's ``config.json`` means for the math.
+:mod:`wedlm_kernels.bad_words` how a window never writes a bad word,
+:mod:`wedlm_kernels.output_ids` which ids no request outputs (the mask id, the ids the
+tokenizer cannot decode), and :mod:`wedlm_kernels.model_config` what a checkpoint's
+``config.json`` means for the math.
 The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """
 

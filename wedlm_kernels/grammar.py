@@ -9,9 +9,12 @@ the two meet and keeps every committed prefix inside the grammar:
    order, from the grammar's state after the committed tokens (:func:`plan_window`):
 
    - a filled slot the grammar accepts advances the grammar, and the walk goes on;
-   - a mask slot gets the grammar's token mask at that state; if the mask allows exactly
-     one token (a *forced* token) the walk advances with it and goes on, otherwise the walk
-     stops after this slot;
+   - a mask slot gets the grammar's token mask at that state, less the ids no request
+     outputs (:mod:`wedlm_kernels.output_ids`); if the mask allows exactly one token (a
+     *forced* token) the walk advances with it and goes on; if it allows none (or the
+     grammar refuses the token it forces) the walk stops *before* this slot, a *dead end*
+     (no token can fill it; at the first slot, the request can never go on and its front
+     end ends it with an error); otherwise the walk stops after this slot;
    - a filled slot the grammar rejects stops the walk; the step turns it back into a mask;
    - once the grammar has terminated (its end accepted), the remaining slots are not
      constrained (vLLM ignores tokens after termination too).
@@ -71,14 +74,25 @@ def only_token(row: np.ndarray) -> int | None:
 
 class WindowPlan(NamedTuple):
     """What :func:`plan_window` concluded: slots ``0 .. decided - 1`` are decided;
-    ``rejected`` is the filled slot the grammar rejects (masked again by the step), or -1."""
+    ``rejected`` is the filled slot the grammar rejects (masked again by the step), or -1;
+    ``dead_end``: slot ``decided`` is a mask no token can fill (the grammar allows none
+    there, or refuses the one it forces). ``decided == 0`` with a dead end: the grammar,
+    after the committed tokens, allows nothing and has not ended (:meth:`stuck`)."""
 
     decided: int
     rejected: int
+    dead_end: bool = False
+
+    @property
+    def stuck(self) -> bool:
+        """The request can never commit another token: its grammar allows no token after
+        its committed ones (a grammar that allows nothing at all: at its first walk)."""
+        return self.dead_end and self.decided == 0
 
 
 def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
-                first_row: int, request_id: str = "") -> WindowPlan:
+                first_row: int, request_id: str = "",
+                output_mask: np.ndarray | None = None) -> WindowPlan:
     """Walk one window (rule 1 of the module docstring) and return its decided slots.
 
     Parameters
@@ -93,21 +107,31 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
         the grammar's for a decided slot, all ones for the others.
     first_row : int
         The row of slot 0.
+    request_id : str
+        Passed to the grammar's ``accept_tokens``.
+    output_mask : np.ndarray or None
+        ``[words]`` int32, the ids a request may output
+        (:func:`wedlm_kernels.output_ids.output_bitmask`); each mask slot's row is narrowed
+        to them before it is read (a filled slot's token outside them is rejected). None:
+        the grammar's masks as they are.
 
     Returns
     -------
     WindowPlan
-        ``(decided, rejected)``. A forced token the grammar then refuses (its mask and its
-        ``accept_tokens`` disagree: a broken grammar) is not decided, so it is not sampled.
+        ``(decided, rejected, dead_end)``. A mask slot that allows no token, or whose forced
+        token the grammar then refuses (its mask and its ``accept_tokens`` disagree: a
+        broken grammar), is not decided, so it is not sampled: it is a dead end.
 
     Example: with a grammar for the string ``"ab"`` over byte tokens, an empty window of
     three masks decides all three (``a``, ``b`` and the end are forced)::
 
-        plan_window(grammar, [-1, -1, -1], bitmask, 0)   # WindowPlan(decided=3, rejected=-1)
+        plan_window(grammar, [-1, -1, -1], bitmask, 0)
+        # WindowPlan(decided=3, rejected=-1, dead_end=False)
     """
     rows = bitmask.numpy()
     decided = unconstrained_from = len(window)
     rejected = -1
+    dead_end = False
     advanced = 0
     try:
         for slot, token in enumerate(window):
@@ -116,6 +140,10 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
                 unconstrained_from = slot
                 break
             grammar.fill_bitmask(bitmask, row)
+            if output_mask is not None:
+                words = min(rows.shape[1], output_mask.shape[0])
+                rows[row, :words] &= output_mask[:words]
+                rows[row, words:] = 0
             if token >= 0:  # a filled slot
                 if token_allowed(rows[row], token) and grammar.accept_tokens(
                         request_id, [token]):
@@ -124,19 +152,24 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
                 decided = unconstrained_from = slot + 1  # rejected: masked again
                 rejected = slot
                 break
-            forced = only_token(rows[row])
-            if forced is None:
+            allowed = np.bitwise_count(rows[row].view(np.uint32)).sum()
+            if allowed == 0:  # no token can fill this slot
+                decided = unconstrained_from = slot
+                dead_end = True
+                break
+            if allowed > 1:
                 decided = unconstrained_from = slot + 1
                 break
-            if not grammar.accept_tokens(request_id, [forced]):
-                decided = unconstrained_from = slot
+            if not grammar.accept_tokens(request_id, [only_token(rows[row])]):
+                decided = unconstrained_from = slot  # its one token is refused
+                dead_end = True
                 break
             advanced += 1
         rows[first_row + unconstrained_from: first_row + len(window)] = ALL_ALLOWED
     finally:
         if advanced:
             grammar.rollback(advanced)
-    return WindowPlan(decided, rejected)
+    return WindowPlan(decided, rejected, dead_end)
 
 
 @dataclass
@@ -172,7 +205,7 @@ class GrammarStep:
         for b, window in enumerate(windows):
             if window is None:
                 continue
-            decided, rejected = plans[b]
+            decided, rejected = plans[b].decided, plans[b].rejected
             masks_seen = 0
             for slot, token in enumerate(window):
                 if token < 0:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
 # the package's public submodules besides its top level
 PUBLIC_MODULES = ("wedlm_kernels.request_params", "wedlm_kernels.model_config",
-                  "wedlm_kernels.grammar")
+                  "wedlm_kernels.grammar", "wedlm_kernels.output_ids")
 
 
 def test_engine_defaults_are_the_reference_engines():

@@ -62,6 +62,27 @@ VALUES = {
     # bound), 16 tokens a word and 1024 in all
     "bad_words": COMMON + [[], ["e"], ["the", " of"], [""], ["x" * 17], ["x" * 16],
                            [f"w{i}" for i in range(130)], [1], [None], "e"],
+    # structured outputs (one constraint each; not COMMON: vLLM's own constructor refuses
+    # a dict of no constraint in the caller's process, naming none)
+    "structured_outputs": [
+        # grammars that allow nothing: an empty class, a JSON string of one (after its
+        # forced quote), an EBNF of no character
+        {"regex": r"[^\s\S]"}, {"json": {"type": "string", "pattern": r"[^\s\S]"}},
+        {"grammar": "root ::= [^\\x00-\\U0010FFFF]"},
+        # only the end (eos, at once or after a forced run)
+        {"regex": ""}, {"regex": "a{0}"}, {"choice": [""]}, {"grammar": 'root ::= ""'},
+        {"json": {"enum": [""]}}, {"regex": "ok"},
+        # token boundaries of the byte-level vocabulary: characters of 2 and 3 bytes, NUL
+        {"regex": "é"}, {"regex": "[\u4e00-\u9fff]{2}"}, {"choice": ["é", "ü"]},
+        {"json": {"const": "é"}}, {"regex": "\\x00"},
+        # recursion, JSON's corners, free choices
+        {"grammar": 'root ::= "a" root | "b"'}, {"json_object": True},
+        {"json": {"type": "object", "properties": {}, "additionalProperties": False}},
+        {"json": {"type": "integer"}}, {"regex": "[a-z]{2,5}"}, {"choice": ["yes", "no"]},
+        # refused: an unclosed group, an empty choice, an unknown JSON type, a tag of
+        # nothing, wrong types
+        {"regex": "("}, {"choice": []}, {"json": {"type": "nonsense"}},
+        {"structural_tag": "{}"}, "regex", [1], 5],
 }
 # Values each field is served with, for the combinations (a draw of several fields is
 # refused as soon as one is bad; these let most combinations through to the decode step)
@@ -79,6 +100,9 @@ SERVED = {
     "logprobs": [None, 0, 3, 20],
     "logprob_token_ids": [None, [53], [32, 101, 108]],
     "bad_words": [None, ["e"], ["the", "a b"]],
+    "structured_outputs": [None, {"regex": "[a-z]{2,5}"}, {"choice": ["yes", "no"]},
+                           {"json": {"type": "integer"}}, {"regex": r"[^\s\S]"},
+                           {"regex": "é"}],
 }
 # Fields model_min's SamplingParams takes under the same name as vLLM's.
 SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presence_penalty",
@@ -95,9 +119,13 @@ GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
 def vllm_request(draw: dict, vllm_sampling_params):
     """``(prompt, SamplingParams)`` of a draw through vLLM's Python API; vLLM's own
     constructor may refuse it (raises)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
     fields = {"ignore_eos": True, **BASE, **draw}
     prompt = fields.pop("prompt", PROMPT)
     extra = {key: fields.pop(key) for key in WEDLM_FIELDS if key in fields}
+    if isinstance(fields.get("structured_outputs"), dict):
+        fields["structured_outputs"] = StructuredOutputsParams(**fields["structured_outputs"])
     return prompt, vllm_sampling_params(extra_args=extra or None, **fields)
 
 
@@ -123,6 +151,9 @@ class Served:
     tokens: list[int]
     forwards: int | None  # None: not known (over HTTP)
     deterministic: bool  # greedy or seeded: model_min must give the same tokens
+    # ended with finish_reason "error" (a grammar that allows nothing more: that request
+    # alone; over HTTP a 500 for it)
+    error: bool = False
 
 
 class ModelMinDecoder:
@@ -145,8 +176,15 @@ class ModelMinDecoder:
                 fields["bad_words_token_ids"] = vllm_bad_words_token_ids(words)
             except Exception as error:  # noqa: BLE001 - vLLM's own refusals included
                 return Refused(rp.ParameterError(f"bad_words: {error}", "bad_words"))
+        if fields.get("structured_outputs") is not None:
+            stops = {EOS, *(fields.get("stop_token_ids") or ())}
+            try:  # (vLLM compiles with every stop id, eos included)
+                fields["grammar"] = model_min_grammar(fields["structured_outputs"], stops)
+            except Exception as error:  # noqa: BLE001 - vLLM's own refusals included
+                return Refused(rp.ParameterError(f"structured_outputs: {error}",
+                                                 "structured_outputs"))
         names = {"max_tokens": "max_new_tokens", "wedlm_entropy_threshold": "threshold",
-                 "bad_words_token_ids": "bad_words_token_ids",
+                 "bad_words_token_ids": "bad_words_token_ids", "grammar": "grammar",
                  "wedlm_distance_penalty": "penalty", **{name: name for name in SAME_NAMES}}
         try:
             # n: model_min decodes one sequence (vLLM's child 0 has the request's seed);
@@ -169,7 +207,53 @@ class ModelMinDecoder:
         except (ValueError, TypeError) as error:  # a refusal (check_draw: it names a field)
             return Refused(error)
         return Served(result.token_ids, result.forwards,
-                      params.temperature == 0 or params.seed is not None)
+                      params.temperature == 0 or params.seed is not None,
+                      result.finish_reason == "error")
+
+
+def xgrammar_backend():
+    """vLLM's xgrammar backend for the tiny model, as the test engines and servers set it
+    up (JSON without free whitespace), built once."""
+    global _BACKEND
+    if _BACKEND is None:
+        from types import SimpleNamespace
+
+        from transformers import AutoTokenizer
+        from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+        config = SimpleNamespace(model_config=None, speculative_config=None,
+                                 structured_outputs_config=SimpleNamespace(
+                                     disable_any_whitespace=True))
+        _BACKEND = XgrammarBackend(config, tokenizer=AutoTokenizer.from_pretrained(TINY),
+                                   vocab_size=VOCAB)
+    return _BACKEND
+
+
+_BACKEND = None
+
+
+def model_min_grammar(value, stop_token_ids: set[int]):
+    """model_min's ``SamplingParams.grammar`` for a request's ``structured_outputs`` (a
+    dict of vLLM's fields or vLLM's StructuredOutputsParams): vLLM's own check of it
+    (raises as vLLM refuses it) and its grammar, compiled by the engine's backend as the
+    engine compiles it (its key, every stop id)."""
+    import copy
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+    from vllm.v1.structured_output.request import get_structured_output_key
+
+    if isinstance(value, dict):
+        value = StructuredOutputsParams(**value)
+    if not isinstance(value, StructuredOutputsParams):
+        raise TypeError(f"must be an object, got {type(value).__name__}")
+    params = SamplingParams(structured_outputs=copy.deepcopy(value))
+    validate_xgrammar_grammar(params)  # (a choice becomes its grammar here, as in vLLM)
+    kind, spec = get_structured_output_key(params.structured_outputs)
+    backend = xgrammar_backend()
+    backend.compile_grammar(kind, spec, stop_token_ids=stop_token_ids)  # compiles at all
+    return lambda: backend.compile_grammar(kind, spec, stop_token_ids=stop_token_ids)
 
 
 def vllm_bad_words_token_ids(words) -> tuple | None:
@@ -195,7 +279,8 @@ def names_a_field(error: BaseException | str, fields) -> bool:
                "max_tokens": ("max_tokens", "max_new_tokens"),
                "wedlm_window": ("wedlm_window", "window"), "wedlm_mode": ("wedlm_mode", "mode"),
                "wedlm_entropy_threshold": ("wedlm_entropy_threshold", "threshold"),
-               "wedlm_distance_penalty": ("wedlm_distance_penalty", "penalty")}
+               "wedlm_distance_penalty": ("wedlm_distance_penalty", "penalty"),
+               "structured_outputs": ("structured_outputs", "grammar")}
     return any(name in text for field in fields for name in aliases.get(field, (field,)))
 
 

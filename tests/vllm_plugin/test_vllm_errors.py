@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming what is wrong, and nothing hangs: parameters WeDLM
 decoding does not serve, bad WeDLM settings, a prompt past max_model_len, bad engine
-configuration; and a decode step that stops making progress fails by the guard."""
+configuration; and a request whose decode step stops making progress ends alone by the
+guard (the engine stops only where no scheduler of the plugin's runs)."""
 
 import numpy as np
 import pytest
@@ -9,10 +10,11 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import StructuredOutputsParams
 
+import model_min
 from wedlm_kernels.integrations.vllm.state import NoProgressError
 
 from .conftest import WINDOW, Engines
-from .test_vllm_decoding import PROMPTS
+from .test_vllm_decoding import PROMPTS, reference_generate
 
 UNSUPPORTED = [
     ("logprobs", dict(logprobs=False)),  # (vLLM's own checks let it through)
@@ -124,23 +126,70 @@ def test_a_checkpoint_without_a_mask_token_is_refused(wedlm_checkpoint):
         Engines.start(wedlm_checkpoint, hf_overrides={"mask_token_id": None})
 
 
-def test_a_step_that_makes_no_progress_fails_by_the_guard(engines, monkeypatch):
+def _selects_nothing_for(seed: int | None):
+    """``select_tokens`` that selects no row of a sequence seeded ``seed`` (every
+    sequence's for None): such a request never fills a mask, so it never commits."""
     import wedlm_kernels as wk
 
     select_tokens = wk.select_tokens
 
-    def select_nothing(*args):
-        token, selected, entropy = select_tokens(*args)
-        return token, torch.zeros_like(selected), entropy
+    def select(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
+               seeds):
+        token, selected, entropy = select_tokens(logits, cu_rows, row_pos, temperature,
+                                                 top_k, top_p, threshold, penalty, seeds)
+        rows = torch.arange(selected.numel(), device=selected.device)
+        owner = torch.searchsorted(cu_rows[1:].long(), rows, right=True).clamp(
+            max=seeds.numel() - 1)
+        stuck = torch.ones_like(selected) if seed is None else seeds[owner] == seed
+        return token, selected & ~stuck, entropy
 
-    monkeypatch.setattr(wk, "select_tokens", select_nothing)
-    with engines.own(additional_config={"wedlm": {"window": 2}}) as engine, \
+    return select
+
+
+def test_a_request_that_makes_no_progress_ends_alone_and_the_engine_keeps_serving(
+        engines, reference, monkeypatch):
+    """The progress guard (the plugin's scheduler) ends a request that commits nothing in
+    more than 4W + 2 steps with finish_reason "error", naming why; the request beside it
+    decodes model_min's tokens, and the engine serves the stalled one once the step is
+    fixed."""
+    import wedlm_kernels as wk
+
+    monkeypatch.setattr(wk, "select_tokens", _selects_nothing_for(777))
+    plain = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    stalled = SamplingParams(max_tokens=20, temperature=0.8, seed=777, ignore_eos=True)
+    with engines.own(additional_config={"wedlm": {"window": 2}}) as engine:
+        good, bad = engine.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]],
+                                    [plain, stalled], use_tqdm=False)
+        failed = bad.outputs[0]
+        assert (list(failed.token_ids), failed.finish_reason) == ([], "error")
+        assert failed.stop_reason == ("committed no token in 11 decode steps (a correct "
+                                      "step commits within 3): the decode step makes no "
+                                      "progress")
+        assert [list(good.outputs[0].token_ids)] == [t for t, _, _ in reference_generate(
+            reference, PROMPTS[:1], model_min.SamplingParams(max_new_tokens=20), window=2)]
+        monkeypatch.undo()
+        [again] = engine.generate([{"prompt_token_ids": PROMPTS[1]}], stalled, use_tqdm=False)
+        assert list(again.outputs[0].token_ids) == reference_generate(
+            reference, PROMPTS[1:2], model_min.SamplingParams(
+                max_new_tokens=20, temperature=0.8, seed=777), window=2)[0][0]
+
+
+def test_with_a_scheduler_of_the_users_own_the_worker_guard_stops_the_engine(engines,
+                                                                            monkeypatch):
+    """Where no scheduler of the plugin's can end a request, the worker's backstop stops
+    the engine past twice the scheduler's bound (8W + 4 steps) rather than spin."""
+    import wedlm_kernels as wk
+
+    monkeypatch.setattr(wk, "select_tokens", _selects_nothing_for(None))
+    with engines.own(additional_config={"wedlm": {"window": 2}},
+                     scheduler_cls="vllm.v1.core.sched.diffusion_scheduler."
+                                   "DiffusionScheduler") as engine, \
             pytest.raises(Exception) as failure:
         engine.generate([{"prompt_token_ids": PROMPTS[0]}],
-                        SamplingParams(max_tokens=20, temperature=0), use_tqdm=False)
+                        SamplingParams(max_tokens=40, temperature=0), use_tqdm=False)
     chain = [failure.value, *_causes(failure.value)]
     assert any(isinstance(error, NoProgressError) for error in chain), chain
-    assert "committed no token in 11 decode steps" in str(
+    assert "committed no token in 21 decode steps" in str(
         next(e for e in chain if isinstance(e, NoProgressError)))
 
 

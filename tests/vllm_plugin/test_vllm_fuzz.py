@@ -1,8 +1,10 @@
 """No request can stop the engine. Every per-request field, drawn from edge values
 (fuzz_values.py), goes through ``LLM.generate`` on a real engine: each draw is refused with a
 ``VLLMValidationError`` naming its field, or served, and served exactly as model_min serves
-the same draw; model_min accepts and refuses the same draws (one definition,
-wedlm_kernels.request_params); afterwards a fixed good request decodes as it did before.
+the same draw (a grammar that allows nothing more ends that request with finish_reason
+"error" in both); model_min accepts and refuses the same draws (one definition,
+wedlm_kernels.request_params; structured outputs checked and compiled by vLLM's own backend
+for both); afterwards a fixed good request decodes as it did before.
 The same draws go over HTTP in test_vllm_server.py. And every device buffer of the plugin's
 model state has a declared source, whose bound fits its dtype."""
 
@@ -71,7 +73,8 @@ def serve(llm, draw: dict) -> Refused | Served:
     request_id = output.request_id if params.n == 1 else f"0_{output.request_id}"
     stats = request_stats(llm, [request_id])[request_id]
     return Served(list(first.token_ids), stats["forwards"],
-                  params.temperature == 0 or params.seed is not None)
+                  params.temperature == 0 or params.seed is not None,
+                  first.finish_reason == "error")
 
 
 def check_draw(llm, decoder, draw: dict, fuzzed) -> str:
@@ -94,8 +97,11 @@ def check_draw(llm, decoder, draw: dict, fuzzed) -> str:
     assert isinstance(want, Served), (draw, want.error)
     assert not engine_refusal(draw, MAX_MODEL_LEN), draw
     if got.deterministic:
-        assert (got.tokens, got.forwards) == (want.tokens, want.forwards), draw
-    assert 1 <= len(got.tokens) <= MAX_MODEL_LEN
+        assert (got.tokens, got.forwards, got.error) == (want.tokens, want.forwards,
+                                                         want.error), draw
+    # (a request ends with an error only when its grammar allows nothing more)
+    assert not got.error or "structured_outputs" in draw, draw
+    assert (0 if got.error else 1) <= len(got.tokens) <= MAX_MODEL_LEN
     return "served"
 
 

@@ -134,3 +134,41 @@ def test_a_slot_forgets_the_rules_of_its_last_request(engine, reference):
         got = vllm_generate(engine, PROMPTS[:2], [plain_served, beside_served])
         assert got == reference_generate(reference, PROMPTS[:2],
                                          [plain_wanted, beside_wanted]), field
+
+
+# The tiny model's ids no request outputs: the mask id (257) and the ids its tokenizer
+# lacks (258 .. 263); wedlm_kernels.output_ids, docs/contracts.md "Ids never output"
+NEVER = [257, 258, 259, 260, 261, 262, 263]
+
+
+@pytest.mark.parametrize("seed", [None, 7], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("fields", [
+    {"logit_bias": {token: 100.0 for token in NEVER}},
+    {"allowed_token_ids": [*NEVER, 97, 98, 99]},
+], ids=["logit_bias", "allowed_token_ids"])
+def test_the_mask_and_ids_the_tokenizer_lacks_are_never_output(engine, reference, fields,
+                                                              seed):
+    served, wanted = both(fields, seed)
+    got = vllm_generate(engine, PROMPTS, served)
+    assert got == reference_generate(reference, PROMPTS, wanted)
+    assert all(not set(NEVER) & set(tokens) and len(tokens) == 24 for tokens, _, _ in got)
+
+
+def test_the_engine_reads_the_ids_never_output_as_model_min_does(engine, reference):
+    model, _ = reference
+    hf_config = engine.llm_engine.vllm_config.model_config.hf_config
+    assert hf_config.wedlm_never_output == NEVER == list(
+        model_min.Generator(model).never_output_ids)
+
+
+def test_rules_that_leave_only_such_ids_leave_nothing(engine, reference):
+    """allowed_token_ids of ids never output leaves no token, as rules that ban the whole
+    vocabulary do (allowed_token_ids=[eos] with min_tokens banning eos): every row is
+    empty and gives token 0 (select_tokens), in model_min's forwards."""
+    only_never, wanted = both({"allowed_token_ids": [257, 260]}, None, max_tokens=6)
+    got = vllm_generate(engine, PROMPTS, only_never)
+    nothing, _ = both({"allowed_token_ids": [EOS], "min_tokens": 6}, None, max_tokens=6)
+    nothing.ignore_eos = False
+    assert got == vllm_generate(engine, PROMPTS, nothing) == reference_generate(
+        reference, PROMPTS, wanted)
+    assert all(tokens == [0] * 6 for tokens, _, _ in got)

@@ -19,6 +19,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputOptions
 from vllm.v1.structured_output.utils import choice_as_grammar
 
 import model_min
+from wedlm_kernels.integrations.vllm import request_stats
 from wedlm_kernels.integrations.vllm._register import SCHEDULER, _structured_refusal
 
 from .conftest import WINDOW
@@ -107,22 +108,25 @@ def test_each_grammar_decodes_valid_outputs_and_model_mins_tokens(engine, refere
 
 
 
-@pytest.mark.parametrize("version, scheduler, reasoning, stages, why", [
-    ("0.32.0", SCHEDULER, None, 1, None),
-    ("0.32.0+cu130", SCHEDULER, None, 1, None),
-    ("0.33.0", SCHEDULER, None, 1, "written for vLLM"),
-    ("0.32.0", "my.Scheduler", None, 1, "plugin's scheduler"),
-    ("0.32.0", SCHEDULER, "qwen3", 1, "reasoning parser"),
-    ("0.32.0", SCHEDULER, None, 2, None),  # pipeline parallelism serves them
+@pytest.mark.parametrize("version, scheduler, reasoning, stages, vocab, why", [
+    ("0.32.0", SCHEDULER, None, 1, 264, None),
+    ("0.32.0+cu130", SCHEDULER, None, 1, 264, None),
+    ("0.33.0", SCHEDULER, None, 1, 264, "written for vLLM"),
+    ("0.32.0", "my.Scheduler", None, 1, 264, "plugin's scheduler"),
+    ("0.32.0", SCHEDULER, "qwen3", 1, 264, "reasoning parser"),
+    ("0.32.0", SCHEDULER, None, 2, 264, None),  # pipeline parallelism serves them
+    ("0.32.0", SCHEDULER, None, 1, 128, None),
+    ("0.32.0", SCHEDULER, None, 1, 127, "cannot hold"),  # a mask row's metadata words
 ])
 def test_an_engine_that_cannot_serve_them_says_why(monkeypatch, version, scheduler,
-                                                   reasoning, stages, why):
+                                                   reasoning, stages, vocab, why):
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", version)
     config = SimpleNamespace(
         parallel_config=SimpleNamespace(pipeline_parallel_size=stages),
         scheduler_config=SimpleNamespace(scheduler_cls=scheduler),
+        model_config=SimpleNamespace(get_vocab_size=lambda: vocab),
         structured_outputs_config=SimpleNamespace(reasoning_parser=reasoning,
                                                   enable_in_reasoning=False))
     refusal = _structured_refusal(config)
@@ -166,6 +170,86 @@ def test_an_odd_grammar_is_refused_or_served_and_the_engine_keeps_serving(engine
             assert set(tokens) <= {ord("a"), EOS}
     plain, _ = both(engine, "regex", None)
     assert all(t[-1] == EOS for t, _, _ in vllm_generate(engine, PROMPTS[:1], plain))
+
+
+# Grammars that allow nothing (xgrammar compiles each): a regex of an empty class, a JSON
+# string of such a pattern (its opening quote is forced first), an EBNF of no character
+UNSATISFIABLE = {
+    "regex": (StructuredOutputOptions.REGEX, r"[^\s\S]", {"regex": r"[^\s\S]"}),
+    "json": (StructuredOutputOptions.JSON, json.dumps({"type": "string",
+                                                       "pattern": r"[^\s\S]"}),
+             {"json": {"type": "string", "pattern": r"[^\s\S]"}}),
+    "grammar": (StructuredOutputOptions.GRAMMAR, "root ::= [^\\x00-\\U0010FFFF]",
+                {"grammar": "root ::= [^\\x00-\\U0010FFFF]"}),
+}
+
+
+@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+def test_a_grammar_that_allows_nothing_ends_its_request_alone_as_model_min_does(
+        engine, reference, seed):
+    """Caught at the walk that finds the grammar's first mask empty (the JSON string's
+    after the quote it forces): finish_reason "error" and a stop_reason naming
+    structured_outputs, model_min's tokens, forwards and rows (its request ends with
+    "error" too); the requests beside it decode model_min's tokens, and so does the engine
+    afterwards."""
+    sampling = {"temperature": 0.8, "seed": seed} if seed is not None else {"temperature": 0}
+    cases = [CASES["json"], *UNSATISFIABLE.values(), CASES["regex"]]
+    served = [SamplingParams(max_tokens=64, **sampling,
+                             structured_outputs=StructuredOutputsParams(**fields))
+              for _, _, fields in cases]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(cases))]
+    outputs = engine.generate([{"prompt_token_ids": p} for p in prompts], served,
+                              use_tqdm=False)
+    stats = request_stats(engine, [o.request_id for o in outputs])
+    backend = backend_of(engine)
+    model, _ = reference
+    generator = model_min.Generator(model, window=WINDOW, max_batch=len(prompts))
+    results = generator.generate(prompts, [model_min.SamplingParams(
+        max_new_tokens=64, stop_token_ids=(EOS,), **sampling,
+        grammar=lambda kind=kind, spec=spec: backend.compile_grammar(
+            kind, spec, stop_token_ids={EOS})) for kind, spec, _ in cases])
+    for output, result in zip(outputs, results):
+        got = output.outputs[0]
+        record = stats[output.request_id]
+        assert (list(got.token_ids), record["forwards"], record["rows"]) == (
+            result.token_ids, result.forwards, result.rows)
+        assert (got.finish_reason == "error") == (result.finish_reason == "error")
+    ended = [output.outputs[0] for output in outputs[1:4]]
+    assert [list(o.token_ids) for o in ended] == [[], [ord('"')], []]
+    assert all(o.finish_reason == "error" and o.stop_reason.startswith(
+        "structured_outputs: the request's grammar") for o in ended)
+    assert_valid("json", [(list(outputs[0].outputs[0].token_ids),)])
+    assert_valid("regex", [(list(outputs[4].outputs[0].token_ids),)])
+    plain, _ = both(engine, "regex", None)
+    assert all(t[-1] == EOS for t, _, _ in vllm_generate(engine, PROMPTS[:1], plain))
+
+
+def test_a_grammar_that_fails_in_the_walk_ends_its_request_alone(engine, reference,
+                                                                 monkeypatch):
+    """The grammar backend raises in the first walk of the step (as a broken grammar
+    would): that request ends with an error naming structured_outputs and the exception;
+    the request beside it decodes model_min's tokens."""
+    from wedlm_kernels.integrations.vllm import structured
+
+    walk, calls = structured.plan_window, []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the matcher broke")
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "plan_window", fails_once)
+    served, wanted = both(engine, "regex", None)
+    outputs = engine.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], served,
+                              use_tqdm=False)
+    failed = [o.outputs[0] for o in outputs if o.outputs[0].finish_reason == "error"]
+    assert len(failed) == 1 and list(failed[0].token_ids) == []
+    assert failed[0].stop_reason == ("structured_outputs: the request's grammar failed "
+                                     "(RuntimeError: the matcher broke)")
+    [other] = [i for i, o in enumerate(outputs) if o.outputs[0].finish_reason != "error"]
+    assert list(outputs[other].outputs[0].token_ids) == reference_generate(
+        reference, PROMPTS[other:other + 1], wanted)[0][0]
 
 
 def test_a_step_fed_another_window_than_the_one_walked_commits_nothing(engine, reference,

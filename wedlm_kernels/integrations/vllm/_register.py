@@ -85,10 +85,43 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
         if scheduler.scheduler_cls is None:  # else the one asked for, as vLLM does
             scheduler.scheduler_cls = SCHEDULER
         hf_config.wedlm_structured_refusal = _structured_refusal(vllm_config)
+        hf_config.wedlm_never_output = list(_never_output(vllm_config.model_config))
         if scheduler.max_num_batched_tokens < canvas:
             raise ValueError(f"{ARCHITECTURE}: max_num_batched_tokens "
                              f"({scheduler.max_num_batched_tokens}) must hold one request's "
                              f"canvas of 2 * window = {canvas} rows")
+
+
+def _never_output(model_config) -> tuple[int, ...]:
+    """The ids no request outputs (:mod:`wedlm_kernels.output_ids`): the mask id and the ids
+    the engine's tokenizer does not decode, from the tokenizer folder's ``tokenizer.json``
+    (as model_min reads the checkpoint's) or else vLLM's tokenizer of the engine; without
+    either (no tokenizer the engine can load), the mask id alone."""
+    from pathlib import Path
+
+    from vllm.logger import init_logger
+
+    from wedlm_kernels.output_ids import never_output_ids, tokenizer_ids
+
+    source = model_config.tokenizer
+    known = tokenizer_ids(source) if source and Path(source).is_dir() else None
+    if known is None and not model_config.skip_tokenizer_init:
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        try:
+            tokenizer = cached_tokenizer_from_config(model_config)
+        except Exception as error:  # vLLM's own start fails on it next, with its message
+            init_logger(__name__).warning("WeDLM: the tokenizer %s does not load (%s)",
+                                          source, error)
+            tokenizer = None
+        if tokenizer is not None:
+            known = set(tokenizer.get_vocab().values())
+    if known is None:
+        init_logger(__name__).warning(
+            "WeDLM: no tokenizer to read at %s: only the mask id is kept from the output "
+            "(ids the tokenizer would not decode are not known)", source)
+    return never_output_ids(model_config.get_vocab_size(),
+                            int(model_config.hf_config.mask_token_id), known)
 
 
 def _structured_refusal(vllm_config) -> str | None:
@@ -104,6 +137,13 @@ def _structured_refusal(vllm_config) -> str | None:
     if vllm_config.scheduler_config.scheduler_cls != SCHEDULER:
         return ("WeDLM's structured outputs need the plugin's scheduler, and this engine "
                 f"runs {vllm_config.scheduler_config.scheduler_cls!r}")
+    from .structured import PLAN_WORDS
+
+    vocab_size = vllm_config.model_config.get_vocab_size()
+    if vocab_size < 32 * PLAN_WORDS:
+        return (f"WeDLM's grammar rows carry {PLAN_WORDS} words of metadata in a mask row, "
+                f"which a vocabulary of {vocab_size} tokens (under {32 * PLAN_WORDS}) cannot "
+                "hold")
     outputs = vllm_config.structured_outputs_config
     if getattr(outputs, "reasoning_parser", None) and not getattr(
             outputs, "enable_in_reasoning", False):
@@ -137,10 +177,17 @@ def _validate_structured_outputs(self: SamplingParams, model_config, *args, **kw
     """Replaces SamplingParams._validate_structured_outputs: for WeDLM models vLLM's checks
     without its refusal of every diffusion model (the plugin serves WeDLM's grammar
     requests, docs/vllm.md "Structured outputs"; it is the only use vLLM's check makes of
-    ``model_config``)."""
-    if is_wedlm(model_config):
-        model_config = _NOT_DIFFUSION
-    return _vllm_validate_structured_outputs(self, model_config, *args, **kwargs)
+    ``model_config``), and a refusal that names no field (a regex xgrammar cannot compile,
+    a JSON schema with features it lacks) names ``structured_outputs``."""
+    if not is_wedlm(model_config):
+        return _vllm_validate_structured_outputs(self, model_config, *args, **kwargs)
+    try:
+        return _vllm_validate_structured_outputs(self, _NOT_DIFFUSION, *args, **kwargs)
+    except (VLLMValidationError, ValueError) as error:  # (vLLM names no field in most)
+        if getattr(error, "parameter", None):
+            raise
+        raise VLLMValidationError(f"structured_outputs: {error}",
+                                  parameter="structured_outputs") from error
 
 
 class _NotDiffusion:
@@ -233,6 +280,38 @@ def _validate_prompt_ids(self: BaseRenderer, token_ids, *, parameter: str | None
 _vllm_validate_token_ids = BaseRenderer.validate_token_ids
 
 
+def _response_format_checked(convert):
+    """vLLM's ``structured_outputs_from_response_format`` (the OpenAI server's completions
+    and chat requests), with a ``json_schema`` response format that holds no schema refused
+    naming it: vLLM builds a constraint of nothing from it and answers "You must use one
+    kind of structured outputs constraint but none are specified", naming no field. The same
+    400, for every model the process serves, with the field named."""
+    def structured_outputs_from_response_format(structured_outputs, response_format):
+        if getattr(response_format, "type", None) == "json_schema":
+            schema = getattr(response_format, "json_schema", None)
+            if schema is not None and getattr(schema, "json_schema", None) is None:
+                raise VLLMValidationError(
+                    "response_format: a response format of type 'json_schema' needs its "
+                    "JSON schema in response_format.json_schema.schema",
+                    parameter="response_format")
+        return convert(structured_outputs, response_format)
+
+    structured_outputs_from_response_format._wedlm_original = convert
+    return structured_outputs_from_response_format
+
+
+def _check_response_formats() -> None:
+    """Install :func:`_response_format_checked` where the OpenAI server's request models
+    call it (idempotent)."""
+    from vllm.entrypoints.openai.chat_completion import protocol as chat
+    from vllm.entrypoints.openai.completion import protocol as completion
+
+    for module in (chat, completion):
+        convert = module.structured_outputs_from_response_format
+        if getattr(convert, "_wedlm_original", None) is None:
+            module.structured_outputs_from_response_format = _response_format_checked(convert)
+
+
 def register_all() -> None:
     global _registered
     if _registered:
@@ -246,3 +325,7 @@ def register_all() -> None:
     SamplingParams._validate_structured_outputs = _validate_structured_outputs
     SamplingParams.verify = _verify
     BaseRenderer.validate_token_ids = _validate_prompt_ids
+    _check_response_formats()
+    from . import shutdown
+
+    shutdown.install()

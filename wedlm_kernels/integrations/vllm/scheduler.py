@@ -1,6 +1,8 @@
-"""The scheduler a WeDLM engine runs: vLLM's diffusion schedulers, with one rule added under
-asynchronous scheduling so that a window is never cut at ``max_model_len`` by rows that are
-still in flight (docs/vllm.md, "Asynchronous scheduling").
+"""The scheduler a WeDLM engine runs: vLLM's diffusion schedulers, with a way to end one
+request with an error while the engine goes on (:class:`EndsRequests`: a request that makes
+no progress, one whose grammar allows nothing), and one rule added under asynchronous
+scheduling so that a window is never cut at ``max_model_len`` by rows that are still in
+flight (docs/vllm.md, "Asynchronous scheduling").
 
 vLLM's ``Scheduler.schedule`` bounds a request's query rows by ``max_model_len -
 num_computed_tokens``. Under asynchronous scheduling ``num_computed_tokens`` already counts
@@ -29,15 +31,111 @@ from vllm.v1.core.sched.diffusion_scheduler import (
     DiffusionScheduler,
     diffusion_canvas_width,
 )
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.request import RequestStatus
 
 from .live_canvas import PATCHED_VERSIONS, is_patched_version
+from .settings import engine_settings
 from .structured import StructuredWindows, install_async_reports
 
 logger = init_logger(__name__)
 
 
-class WeDLMScheduler(StructuredWindows, DiffusionScheduler):
-    """``DiffusionScheduler`` with WeDLM's structured outputs (:mod:`.structured`), and,
+def max_steps_without_commit(window: int) -> int:
+    """Decode steps a request may take without committing a token: a correct step fills a
+    mask whenever the window holds one and commits the leading run otherwise, so a request
+    commits within ``W + 1`` steps (block-wise too); the guard allows twice the canvas, and
+    two (``4W + 2``). A held step (a structured request whose fed window was not the one
+    walked) counts too."""
+    return 4 * window + 2
+
+
+class EndsRequests:
+    """Mixed into the plugin's schedulers (before vLLM's): ends one request with an error
+    while the engine and every other request go on, as vLLM ends a request whose committed
+    tokens its grammar rejects on the AR path: the request finishes with
+    ``RequestStatus.FINISHED_ERROR`` (finish reason ``"error"``; the OpenAI server answers
+    that request with HTTP 500, or an error event on its stream) and frees its blocks; the
+    reason goes to the log and to the output's ``stop_reason``.
+
+    Requests end here when (docs/vllm.md, "When a request fails"):
+
+    - **the progress guard**: a request commits no token in more than
+      :func:`max_steps_without_commit` decode steps in a row (counted from each step's
+      committed tokens, the sampled tokens vLLM receives);
+    - **a grammar that allows nothing**: :class:`.structured.StructuredWindows` finds, at a
+      walk, that the grammar allows no token after the committed ones and has not ended, or
+      its grammar backend fails (:meth:`end_request_with_error`).
+    """
+
+    def _wedlm_failures(self) -> tuple[dict[str, str], dict[str, int]]:
+        """The requests to end (id -> reason) and each decoding request's steps without a
+        commit."""
+        failures = getattr(self, "_wedlm_ending", None)
+        if failures is None:
+            failures = self._wedlm_ending = ({}, {})
+        return failures
+
+    def end_request_with_error(self, request_id: str, reason: str) -> None:
+        """End the request with an error after the current step's output (it is logged
+        now)."""
+        logger.error("WeDLM request %s ends with an error: %s", request_id, reason)
+        self._wedlm_failures()[0].setdefault(request_id, reason)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        self._count_steps_without_commit(scheduler_output, model_runner_output)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        ending, _ = self._wedlm_failures()
+        if ending:
+            reasons = dict(ending)
+            ending.clear()
+            # (requests that finished otherwise meanwhile are skipped by finish_requests)
+            for request in self.finish_requests(list(reasons), RequestStatus.FINISHED_ERROR):
+                output = EngineCoreOutput(
+                    request_id=request.request_id, new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=reasons[request.request_id], events=request.take_events(),
+                    trace_headers=request.trace_headers)
+                outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(
+                    output)
+        return outputs
+
+    def _count_steps_without_commit(self, scheduler_output: Any, model_runner_output: Any
+                                    ) -> None:
+        """The progress guard: count each decoding request's steps since it last
+        committed a token, and end a request past the bound."""
+        _, stalled = self._wedlm_failures()
+        window = getattr(self, "_wedlm_window", None)
+        if window is None:
+            window = self._wedlm_window = engine_settings(
+                self.vllm_config.additional_config).window
+        bound = max_steps_without_commit(window)
+        sampled = model_runner_output.sampled_token_ids
+        index_of = model_runner_output.req_id_to_index
+        for request_id in scheduler_output.scheduled_spec_decode_tokens:
+            request = self.requests.get(request_id)
+            index = index_of.get(request_id)
+            if request is None or request.is_finished() or index is None:
+                continue
+            if sampled and len(sampled[index]):
+                stalled.pop(request_id, None)
+                continue
+            stalled[request_id] = count = stalled.get(request_id, 0) + 1
+            if count == bound + 1:
+                self.end_request_with_error(request_id, (
+                    f"committed no token in {count} decode steps (a correct step commits "
+                    f"within {window + 1}): the decode step makes no progress"))
+
+    def _free_request(self, request: Any, *args, **kwargs):
+        ending, stalled = self._wedlm_failures()
+        ending.pop(request.request_id, None)
+        stalled.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)
+
+
+class WeDLMScheduler(EndsRequests, StructuredWindows, DiffusionScheduler):
+    """``DiffusionScheduler`` ending a request that cannot go on (:class:`EndsRequests`),
+    with WeDLM's structured outputs (:mod:`.structured`), and,
     with pipeline parallelism, a request's decode steps ``pipeline_parallel_size``
     scheduling calls apart.
 
@@ -64,10 +162,11 @@ class WeDLMScheduler(StructuredWindows, DiffusionScheduler):
                 request.next_decode_eligible_step = self.current_step + depth
 
 
-class WeDLMAsyncScheduler(StructuredWindows, DiffusionAsyncScheduler):
-    """``DiffusionAsyncScheduler`` with WeDLM's structured outputs (:mod:`.structured`),
-    and a request that the length bound would cut while a step of it is in flight waits
-    for that step (module docstring)."""
+class WeDLMAsyncScheduler(EndsRequests, StructuredWindows, DiffusionAsyncScheduler):
+    """``DiffusionAsyncScheduler`` ending a request that cannot go on
+    (:class:`EndsRequests`), with WeDLM's structured outputs (:mod:`.structured`), and a
+    request that the length bound would cut while a step of it is in flight waits for that
+    step (module docstring)."""
 
     def schedule(self, throttle_prefills: bool = False) -> Any:
         for request in self.running:

@@ -50,6 +50,7 @@ from wedlm_kernels.request_params import (
 )
 
 from . import live_canvas, structured
+from .scheduler import max_steps_without_commit
 from .settings import engine_settings, request_values, stop_ids_of
 
 logger = init_logger(__name__)
@@ -82,6 +83,8 @@ BUFFER_SOURCES = {
     # alone: token ids of the logits' argsort or of logprob_token_ids, fp32 values, ranks
     # up to the vocabulary); the ids a request names, allocated with the first that does
     "logprob_chosen": "logprob_token_ids",
+    # the ids no request outputs (the checkpoint's mask id and tokenizer, read at startup)
+    "never_output": "loop",
 }
 # The host-side flag of a slot per rule group (the sampler passes a group to process_logits
 # only when a request of the step uses it).
@@ -166,6 +169,10 @@ class WeDLMModelState(DefaultModelState):
         hf_config = self.model_config.hf_config
         self.settings = engine_settings(vllm_config.additional_config)
         self.mask_token_id = int(hf_config.mask_token_id)
+        # the ids no request outputs (wedlm_kernels.output_ids, read by the config hook):
+        # -inf in every logit row before the request's rules
+        self.never_output = torch.tensor(hf_config.wedlm_never_output, dtype=torch.int64,
+                                         device=device)
         self.window = self.settings.window
         slots, width = self.max_num_reqs, self.settings.canvas_length
         # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
@@ -313,10 +320,11 @@ class WeDLMModelState(DefaultModelState):
         self._host_window = torch.zeros((2, slots, width), dtype=torch.int64, pin_memory=pin)
         self._host_events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._host_turn = 0  # the buffer the next sampler call copies into
-        # A correct step fills a mask whenever the window holds one and commits the
-        # leading run otherwise, so a request commits within W + 1 steps (block-wise too);
-        # the guard allows 4W + 2 (twice the canvas, and two).
-        self.max_stalled_steps = 2 * width + 2
+        # The plugin's scheduler ends a request that commits nothing in more than 4W + 2
+        # steps (scheduler.max_steps_without_commit); this state's guard is the backstop
+        # where no scheduler does (a scheduler_cls of the user's own, a vLLM release the
+        # plugin's scheduler was not written for): past twice that it stops the engine.
+        self.max_stalled_steps = 2 * max_steps_without_commit(self.window)
 
         # Admissions staged on the host: row i = [slot, saved row or -1, packed state].
         # Removals staged too: their rows are saved (into _saved) before a new request
@@ -679,9 +687,10 @@ class WeDLMModelState(DefaultModelState):
     # ------------------------------------------------------------------ a decode step
 
     def _check_progress(self) -> None:
-        """Fail a request that has committed nothing for more steps than a correct step
-        allows, from the host copy of the counters the sampler call before the last one
-        wrote (it has landed: nothing waits)."""
+        """Stop the engine when a request has committed nothing for twice the steps after
+        which the plugin's scheduler ends it (so only where no scheduler of the plugin's
+        runs: the worker cannot end one request), from the host copy of the counters the
+        sampler call before the last one wrote (it has landed: nothing waits)."""
         earlier = self._host_turn  # the copy before the latest (see __init__)
         if self._host_events[earlier] is not None:
             self._host_events[earlier].synchronize()  # landed: does not wait
@@ -692,7 +701,9 @@ class WeDLMModelState(DefaultModelState):
                 raise NoProgressError(
                     f"WeDLM request {self._request_of[slot]!r} committed no token in "
                     f"{int(stalled[slot])} decode steps (a correct step commits "
-                    f"within {self.window + 1}): the decode step makes no progress")
+                    f"within {self.window + 1}): the decode step makes no progress, and "
+                    "no scheduler of the plugin's ends the request (docs/vllm.md, \"When a "
+                    "request fails\")")
 
     def next_canvas(self, drafts):
         """The draft token lists vLLM sizes each request's next canvas by (called through
@@ -776,11 +787,11 @@ class WeDLMModelState(DefaultModelState):
         for i, (req_id, rows) in enumerate(zip(req_ids, batch_rows)):
             b = index_of[req_id]
             slot = int(slots_np[b])
-            decided, rejected, key = (int(v) for v in meta[i, :structured.PLAN_WORDS])
+            decided, rejected, key, ended = (int(v) for v in meta[i, :structured.PLAN_WORDS])
             live = min(int(counts[slot]), rows, width)
             window = windows[slot, :live].tolist()
-            if structured.window_key(window + [-1] * (rows - live)) != key:
-                held.append(b)
+            if ended or structured.window_key(window + [-1] * (rows - live)) != key:
+                held.append(b)  # (an ended request: its scheduler ends it after the step)
             else:
                 fed[b], plans[b] = window, WindowPlan(decided, rejected)
                 first_rows[b] = first_row
@@ -1124,7 +1135,11 @@ class WeDLMSampler:
         cu_rows = input_batch.cu_num_logits[: num_reqs + 1]
         # the requests' logit rules, the groups some request of the step uses (host facts)
         rules = {rule: bool(state._rules[rule][step["slots_np"]].any()) for rule in RULES}
-        if grammar is not None:  # the grammar's masks first, as vLLM applies them
+        # the ids no request outputs first (docs/contracts.md, "Ids never output"), then
+        # the grammar's masks, as vLLM applies them
+        if state.never_output.numel():
+            logits.index_fill_(1, state.never_output, float("-inf"))
+        if grammar is not None:
             row_pos = grammar.mask_logits(logits, row_pos)
         # logprobs: the most alternatives a request of the step asks for (a host fact;
         # -1: none), and in a raw mode the logits before the rules change them in place

@@ -12,8 +12,12 @@ Where each piece runs:
   cut the list at the first ``-1``, leaving the request no rows), and builds the step's
   ``GrammarOutput`` itself: per request one mask row per scheduled row, the window's slots
   in logical order, walked by :func:`wedlm_kernels.grammar.plan_window` from the grammar
-  vLLM advanced with the committed tokens, then one row per request whose first words
-  carry the walk's conclusion and a 32-bit key of the window walked (:func:`plan_words`);
+  vLLM advanced with the committed tokens (each mask narrowed to the ids a request may
+  output), then one row per request whose first words carry the walk's conclusion, a
+  32-bit key of the window walked and whether the request ends (:func:`plan_words`). A
+  request whose grammar allows no token after its committed ones (a grammar that allows
+  nothing: at its first walk), or whose grammar fails, ends with an error
+  (``EndsRequests.end_request_with_error``, :mod:`.scheduler`) and samples nothing;
 - worker, at sampling: vLLM's ``StructuredOutputsWorker.apply_grammar_bitmask`` (which
   would apply row ``i`` to a request's ``i``-th logit row, while WeDLM's canvas puts the
   filled slots' rows first) hands the rows to the WeDLM state instead (:func:`install`),
@@ -36,11 +40,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.logger import init_logger
 from vllm.v1.core.sched.diffusion_scheduler import diffusion_canvas_width
 
 from wedlm_kernels.grammar import WindowPlan, plan_window
+from wedlm_kernels.output_ids import output_bitmask
 
-PLAN_WORDS = 3  # decided, rejected, window key: a mask row holds them from 96 tokens up
+logger = init_logger(__name__)
+
+# decided, rejected, window key, ended (1: the request ends, nothing of it is sampled): a
+# mask row holds them from 128 tokens up
+PLAN_WORDS = 4
 
 
 def window_key(window: Sequence[int]) -> int:
@@ -53,15 +63,18 @@ def window_key(window: Sequence[int]) -> int:
     return key - (1 << 32) if key >= 1 << 31 else key
 
 
-def plan_words(plan: WindowPlan, window: Sequence[int]) -> list[int]:
-    """A request's metadata row's first words: the walk's conclusion and its window's key."""
-    return [plan.decided, plan.rejected, window_key(window)]
+def plan_words(plan: WindowPlan, window: Sequence[int], ended: bool = False) -> list[int]:
+    """A request's metadata row's first words: the walk's conclusion, its window's key and
+    whether the request ends (then the worker holds it: it samples and commits nothing)."""
+    return [plan.decided, plan.rejected, window_key(window), int(ended)]
 
 
 class StructuredWindows:
     """Mixed into the plugin's schedulers (before vLLM's): structured WeDLM requests keep
     the window their worker reported and get their grammar rows from
-    :func:`wedlm_kernels.grammar.plan_window` (module docstring)."""
+    :func:`wedlm_kernels.grammar.plan_window` (module docstring). A request its walk ends
+    goes to ``end_request_with_error``, which the scheduler it is mixed into provides
+    (:class:`.scheduler.EndsRequests`)."""
 
     def _wedlm_windows(self) -> dict[str, list[int]]:
         windows = getattr(self, "_wedlm_reported", None)
@@ -125,16 +138,52 @@ class StructuredWindows:
             # the reported window, as many slots as rows (masks when none arrived: a
             # fresh window; the worker checks the key)
             window = (windows.get(req_id, []) + [-1] * count)[:count]
-            grammar = self.requests[req_id].structured_output_request.grammar
-            plan = plan_window(grammar, window, bitmask, first_row, req_id)
+            plan, ended = self._walk(req_id, window, bitmask, first_row)
             meta = bitmask[rows + len(counts)]
             meta.fill_(0)
-            meta[:PLAN_WORDS] = torch.tensor(plan_words(plan, window), dtype=meta.dtype)
+            meta[:PLAN_WORDS] = torch.tensor(plan_words(plan, window, ended),
+                                             dtype=meta.dtype)
             counts.append(count)
             first_row += count
         # (num_acceptable_drafts: every row, so that vLLM's grammar_invalid_drafts, which
         # only WeDLM's absent rejection sampler would read, returns at once)
         return GrammarOutput(ids, bitmask.numpy(), counts)
+
+    def _walk(self, req_id: str, window: list[int], bitmask: torch.Tensor, first_row: int
+              ) -> tuple[WindowPlan, bool]:
+        """One request's walk, and whether the request ends: its grammar allows no token
+        after its committed ones and has not ended (the grammar allows nothing: caught at
+        its first walk), or the grammar fails. Either ends this request alone
+        (``end_request_with_error``, :class:`.scheduler.EndsRequests`)."""
+        request = self.requests[req_id]
+        grammar = request.structured_output_request.grammar
+        try:
+            plan = plan_window(grammar, window, bitmask, first_row, req_id,
+                               self._wedlm_output_mask())
+        except Exception as error:  # the grammar backend's, for this request alone
+            logger.exception("WeDLM request %s: its grammar failed in the window walk",
+                             req_id)
+            self.end_request_with_error(req_id, (
+                f"structured_outputs: the request's grammar failed ({type(error).__name__}: "
+                f"{error})"))
+            return WindowPlan(0, -1, True), True
+        if plan.stuck:
+            self.end_request_with_error(req_id, (
+                "structured_outputs: the request's grammar (structured_outputs, "
+                "response_format or tool_choice) allows no token after its "
+                f"{request.num_output_tokens} output tokens and has not ended, so the "
+                "request cannot go on"))
+        return plan, plan.stuck
+
+    def _wedlm_output_mask(self) -> np.ndarray:
+        """The ids a request may output as a mask row (the config hook's
+        ``hf_config.wedlm_never_output``, wedlm_kernels.output_ids)."""
+        mask = getattr(self, "_wedlm_output_bits", None)
+        if mask is None:
+            model_config = self.vllm_config.model_config
+            mask = self._wedlm_output_bits = output_bitmask(
+                model_config.get_vocab_size(), model_config.hf_config.wedlm_never_output)
+        return mask
 
     def wants_window_reports(self) -> bool:
         """Whether a structured request runs (install_async_reports fetches windows)."""

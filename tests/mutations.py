@@ -692,8 +692,38 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "grammar-forced-tokens-not-followed", "wedlm_kernels/grammar.py",
-        (("    if int(counts.sum()) != 1:", "    if True:"),),
+        (("            if allowed > 1:\n", "            if allowed >= 1:\n"),),
         GRAMMAR_TESTS, "the walk stops at every mask: one token a forward under a grammar",
+    ),
+    Mutation(
+        "grammar-dead-end-sampled", "wedlm_kernels/grammar.py",
+        (("                decided = unconstrained_from = slot\n                dead_end = True\n"
+          "                break\n            if allowed > 1:",
+          "                decided = unconstrained_from = slot + 1\n                dead_end = True\n"
+          "                break\n            if allowed > 1:"),),
+        GRAMMAR_TESTS, "a mask the grammar allows no token at is decided and sampled from an "
+        "empty row (token 0, refused at the next walk): a grammar that allows nothing spins "
+        "instead of ending its request", keyword="dead_end",
+    ),
+    Mutation(
+        "grammar-output-mask-ignored", "wedlm_kernels/grammar.py",
+        (("            if output_mask is not None:\n", "            if False:\n"),),
+        GRAMMAR_TESTS, "the walk decides slots by the grammar's own masks: a token no request "
+        "outputs can be forced", keyword="output_mask",
+    ),
+    Mutation(
+        "model-min-never-output-ids-not-banned", "model_min/generator.py",
+        (("        if self._never_output.numel():\n            logits.index_fill_",
+          "        if False:\n            logits.index_fill_"),),
+        ("tests/test_output_ids.py",), "model_min writes the mask id and ids the tokenizer "
+        "lacks when a request's rules push them", keyword="never_outputs",
+    ),
+    Mutation(
+        "model-min-stuck-grammar-not-ended", "model_min/generator.py",
+        (("            if plans[i].stuck:\n", "            if False:\n"),),
+        GRAMMAR_TESTS, "a request whose grammar allows nothing is walked again every step, "
+        "deciding nothing, until the progress guard stops the whole generate call",
+        keyword="allows_nothing",
     ),
     Mutation(
         "grammar-walk-not-undone", "wedlm_kernels/grammar.py",
@@ -798,8 +828,8 @@ VLLM_MUTATIONS = [
           "        selected = torch.zeros_like(selected)\n"
           "        win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)\n"),),
         (VLLM_DECODING,), "no selected row is written into the window: no request ever "
-        "commits (must fail by the progress guard, not hang)",
-        keyword="greedy_streaming", expect="NoProgressError",
+        "commits (each must end by the progress guard, not hang)",
+        keyword="greedy_streaming", expect="committed no token in",
     ),
     Mutation(
         "vllm-canvas-keeps-physical-positions", VLLM_STATE,
@@ -965,7 +995,8 @@ VLLM_MUTATIONS += [
     ),
     Mutation(
         "vllm-stale-window-not-held", VLLM_STATE,
-        (("                held.append(b)\n", "                pass\n"),),
+        (("                held.append(b)  # (an ended request: its scheduler ends it after "
+          "the step)\n", "                pass\n"),),
         VLLM_STRUCTURED, "a step fed another window than the one walked (a report that did "
         "not arrive) samples and commits by the wrong rows", keyword="another_window",
     ),
@@ -1073,6 +1104,54 @@ VLLM_MUTATIONS += [
           "            pass"),),
         VLLM_BAD_WORDS, "a word whose first tokens were committed in earlier steps is not "
         "seen (the left context stays the admission's)", keyword="model_mins_tokens",
+    ),
+]
+# A request that cannot go on ends alone (docs/vllm.md, "When a request fails"); the ids
+# no request outputs; what open streams see when the server stops.
+VLLM_SERVER = ("tests/vllm_plugin/test_vllm_server.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-progress-guard-never-ends-a-request",
+        "wedlm_kernels/integrations/vllm/scheduler.py",
+        (("            if count == bound + 1:\n", "            if False:\n"),),
+        VLLM_ERRORS, "a request that commits nothing is never ended: the worker's backstop "
+        "stops the engine (every request in flight fails)",
+        keyword="ends_alone_and_the_engine_keeps_serving",
+    ),
+    Mutation(
+        "vllm-grammar-that-allows-nothing-not-ended",
+        "wedlm_kernels/integrations/vllm/structured.py",
+        (("        if plan.stuck:\n            self.end_request_with_error(",
+          "        if False:\n            self.end_request_with_error("),),
+        VLLM_STRUCTURED, "a grammar that allows nothing is held step after step until the "
+        "progress guard ends it, decoding 4W + 3 steps for nothing", keyword="allows_nothing",
+    ),
+    Mutation(
+        "vllm-ended-request-sampled", VLLM_STATE,
+        (("            if ended or structured.window_key(", "            if structured.window_key("),),
+        VLLM_STRUCTURED, "the step of a request whose walk ended it runs as any other: it "
+        "counts a forward model_min never runs", keyword="allows_nothing",
+    ),
+    Mutation(
+        "vllm-never-output-ids-not-banned", VLLM_STATE,
+        (("        if state.never_output.numel():\n", "        if False:\n"),),
+        VLLM_RULES, "the mask id and ids the tokenizer lacks are written when a request's "
+        "rules push them", keyword="never_output",
+    ),
+    Mutation(
+        "vllm-open-streams-left-at-shutdown",
+        "wedlm_kernels/integrations/vllm/shutdown.py",
+        (("            end_open_requests(self)\n", "            pass\n"),),
+        VLLM_SERVER, "streams open at SIGTERM wait for their client's timeout, and the server "
+        "with them", keyword="SIGTERM",
+    ),
+    Mutation(
+        "vllm-response-format-without-a-schema-passes",
+        "wedlm_kernels/integrations/vllm/_register.py",
+        (('            if schema is not None and getattr(schema, "json_schema", None) is None:\n',
+          "            if False:\n"),),
+        VLLM_SERVER, "a json_schema response format without its schema gets vLLM's 400 that "
+        "names no field", keyword="without_a_schema",
     ),
 ]
 # Engines of several processes (tests/vllm_plugin, marker "distributed"; make test-vllm-dist):

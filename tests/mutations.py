@@ -1108,7 +1108,6 @@ VLLM_MUTATIONS += [
 ]
 # A request that cannot go on ends alone (docs/vllm.md, "When a request fails"); the ids
 # no request outputs; what open streams see when the server stops.
-VLLM_SERVER = ("tests/vllm_plugin/test_vllm_server.py",)
 VLLM_MUTATIONS += [
     Mutation(
         "vllm-progress-guard-never-ends-a-request",
@@ -1142,16 +1141,17 @@ VLLM_MUTATIONS += [
         "vllm-open-streams-left-at-shutdown",
         "wedlm_kernels/integrations/vllm/shutdown.py",
         (("            end_open_requests(self)\n", "            pass\n"),),
-        VLLM_SERVER, "streams open at SIGTERM wait for their client's timeout, and the server "
-        "with them", keyword="SIGTERM",
+        ("tests/vllm_plugin/test_vllm_shutdown.py",), "requests open when a WeDLM engine "
+        "client shuts down wait for their client's timeout, and the server with them (the "
+        "HTTP test at SIGTERM fails the same way, after its clients' timeout)",
     ),
     Mutation(
         "vllm-response-format-without-a-schema-passes",
         "wedlm_kernels/integrations/vllm/_register.py",
         (('            if schema is not None and getattr(schema, "json_schema", None) is None:\n',
           "            if False:\n"),),
-        VLLM_SERVER, "a json_schema response format without its schema gets vLLM's 400 that "
-        "names no field", keyword="without_a_schema",
+        VLLM_STRUCTURED, "a json_schema response format without its schema gets vLLM's 400 "
+        "that names no field", keyword="without_a_schema",
     ),
 ]
 # Engines of several processes (tests/vllm_plugin, marker "distributed"; make test-vllm-dist):

@@ -145,6 +145,32 @@ def test_a_refusing_engine_refuses_the_request_by_name(engine, monkeypatch):
     assert failure.value.parameter == "structured_outputs"
 
 
+def test_a_json_schema_response_format_without_a_schema_is_refused_naming_it():
+    """vLLM's OpenAI request models turn such a response format into a constraint of
+    nothing ("none are specified", naming no field); the plugin refuses it naming
+    response_format (test_vllm_server.py sends it over HTTP)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    from wedlm_kernels.integrations.vllm import register
+
+    register()
+    for model, fields in ((ChatCompletionRequest, {"messages": [{"role": "user",
+                                                                 "content": "hi"}]}),
+                          (CompletionRequest, {"prompt": "hi"})):
+        for json_schema, refused in (({"name": "x"}, True),
+                                     ({"name": "x", "schema": {"type": "integer"}}, False)):
+            request = model.model_validate({"model": "m", **fields, "response_format": {
+                "type": "json_schema", "json_schema": json_schema}})
+            if not refused:
+                assert request.extract_structured_outputs().json == {"type": "integer"}
+                continue
+            with pytest.raises(VLLMValidationError, match="json_schema.schema") as failure:
+                request.extract_structured_outputs()
+            assert failure.value.parameter == "response_format"
+
+
 @pytest.mark.parametrize("fields", [
     {"choice": []}, {"regex": "("}, {"regex": ""}, {"json": {"type": "nonsense"}},
     {"grammar": "root ::= "}, {"json": "{not json"}, {"regex": "a+"},

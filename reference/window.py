@@ -63,10 +63,12 @@ def reorder_window(
     )
 
 
-def _effective_run(masks: list[bool], n: int, window: int, blockwise: bool) -> int:
-    """Rule 1: the leading run of filled live slots (block-wise: only a whole block counts)."""
+def _effective_run(masks: list[bool], n: int, window: int, blockwise: bool,
+                   room: int | None = None) -> int:
+    """Rule 1: the leading run of filled live slots (block-wise: only a whole block counts),
+    cut at ``room`` slots first when given (``commit_limit``)."""
     run = 0
-    while run < n and not masks[run]:
+    while run < n and not masks[run] and (room is None or run < room):
         run += 1
     if not blockwise:
         return run
@@ -110,8 +112,11 @@ def commit_window(
     window: int,
     mask_id: int,
     blockwise: bool = False,
+    commit_limit: torch.Tensor | None = None,
 ) -> None:
     """Commit, stop and length rules, shift, fill, early finish and refill, in place.
+    ``commit_limit`` (``[B]`` or None): the most leading slots of the fed window a sequence
+    commits in this call, rules 2 and 6 together; the refill of rule 7 counts the whole run.
 
     Mutates ``win_tokens, win_mask, win_len, ctx_len, out_tokens, out_len, finished``.
     """
@@ -124,6 +129,7 @@ def commit_window(
     offsets, positions = cu_rows.tolist(), row_pos.tolist()
     sampled, chosen = token.tolist(), selected.tolist()
     stop_lists, limits = stop_ids.tolist(), max_new.tolist()
+    rooms = [None] * batch if commit_limit is None else [max(v, 0) for v in commit_limit.tolist()]
 
     for b in range(batch):
         if done[b] or lengths[b] <= 0:  # inactive: not touched at all
@@ -133,8 +139,8 @@ def commit_window(
         stops = {s for s in stop_lists[b] if s >= 0}
         window_tokens, window_masks = tokens[b][:n], masks[b][:n]
 
-        # 1. leading run (as fed to the forward)
-        eff = _effective_run(window_masks, n, window, blockwise)
+        # 1. leading run (as fed to the forward), within the commit limit
+        eff = _effective_run(window_masks, n, window, blockwise, rooms[b])
         # 2. commit it with the stop and length rules
         committed, out_lengths[b], is_finished = _commit(
             window_tokens, eff, outputs[b], out_lengths[b], limit, stops
@@ -158,11 +164,14 @@ def commit_window(
                     window_tokens[s] = sampled[r]
                     window_masks[s] = False
             # 6. early finish: commit the new leading run now if that finishes the sequence
+            # (the run within what the commit limit leaves; the refill counts all of it)
             eff = _effective_run(window_masks, n, window, blockwise)
-            has_stop = any(t in stops for t in window_tokens[:eff])
-            if has_stop or out_lengths[b] + eff >= limit:
+            room = None if rooms[b] is None else rooms[b] - committed
+            early = _effective_run(window_masks, n, window, blockwise, room)
+            has_stop = any(t in stops for t in window_tokens[:early])
+            if has_stop or out_lengths[b] + early >= limit:
                 committed, out_lengths[b], _ = _commit(
-                    window_tokens, eff, outputs[b], out_lengths[b], limit, stops
+                    window_tokens, early, outputs[b], out_lengths[b], limit, stops
                 )
                 contexts[b] += committed
                 done[b] = True

@@ -60,8 +60,11 @@ def build_rows(rng, row_groups, lead=0, trail=0, select_rate=0.5, vocab=12):
     )
 
 
-def random_commit_case(seed: int, batch: int, window: int, blockwise: bool):
-    """A random decoder state plus select_tokens rows consistent with it (mask rows only)."""
+def random_commit_case(seed: int, batch: int, window: int, blockwise: bool,
+                       limited: bool = False):
+    """A random decoder state plus select_tokens rows consistent with it (mask rows only);
+    ``limited``: with a random ``commit_limit`` (argument 16: negative, zero, within the
+    window, past it)."""
     rng = random.Random(seed)
     slots, vocab = 2 * window, 24
     capacity = rng.choice([window, rng.randint(0, 3 * slots), rng.randint(2 * slots, 4 * slots)])
@@ -101,13 +104,17 @@ def random_commit_case(seed: int, batch: int, window: int, blockwise: bool):
     row_groups = [mask_rows(win_mask, win_len, ctx_len, b) for b in range(batch)]
     rows = build_rows(rng, row_groups, lead=rng.choice([0, 0, 2]), trail=rng.choice([0, 0, 3]),
                       select_rate=rng.random())
-    return [
+    case = [
         win_tokens, win_mask, win_len, ctx_len, *rows,
         torch.tensor(outputs, dtype=torch.int64).view(batch, capacity), _i32(out_lengths),
         torch.tensor(done, dtype=torch.bool),
         torch.tensor(stops, dtype=torch.int64).view(batch, stops_per_seq), _i32(limits),
         window, MASK, blockwise,
     ]
+    if limited:
+        case.append(_i32([rng.choice([-1, 0, rng.randint(0, slots), rng.randint(0, 3), 1000])
+                          for _ in range(batch)]))
+    return case
 
 
 @pytest.fixture(params=["op", "reference"])
@@ -129,12 +136,14 @@ def run_both(args):
     batch=st.integers(0, 5),
     window=st.integers(1, 8),
     blockwise=st.booleans(),
+    limited=st.booleans(),
 )
-@example(seed=0, batch=0, window=1, blockwise=False)
-@example(seed=1, batch=1, window=1, blockwise=True)
-@example(seed=2, batch=5, window=8, blockwise=True)
-def test_matches_reference_on_random_states(seed, batch, window, blockwise):
-    args = random_commit_case(seed, batch, window, blockwise)
+@example(seed=0, batch=0, window=1, blockwise=False, limited=False)
+@example(seed=1, batch=1, window=1, blockwise=True, limited=True)
+@example(seed=2, batch=5, window=8, blockwise=True, limited=False)
+@example(seed=3, batch=5, window=8, blockwise=False, limited=True)
+def test_matches_reference_on_random_states(seed, batch, window, blockwise, limited):
+    args = random_commit_case(seed, batch, window, blockwise, limited)
     op_args, ref_args = run_both(args)
     assert_states_equal(op_args, ref_args)
     for index in READ_ONLY:
@@ -147,6 +156,8 @@ def test_matches_reference_on_random_states(seed, batch, window, blockwise):
         committed = new_len[b] - old_len[b]
         assert int(op_args[3][b]) - int(args[3][b]) == committed  # ctx_len follows out_len
         assert 0 <= committed <= max(0, int(args[2][b]))
+        if limited:
+            assert committed <= max(0, int(args[16][b]))
 
 
 def worked_example(max_new=100, stop_ids=(-1,), blockwise=False):
@@ -202,6 +213,45 @@ def test_early_finish_on_a_stop_token_in_the_new_run_drops_what_follows(commit):
     commit(*args)
     assert args[8][0, :4].tolist() == [1, 4, 3, SENTINEL] and args[9].tolist() == [3]
     assert args[2].tolist() == [0] and args[10].tolist() == [True]
+
+
+def test_commit_limit_cuts_the_commit_and_the_early_finish_but_not_the_refill(commit):
+    # unlimited, max_new 4 finishes early with a x c y (the test above); a limit of 2
+    # commits a, and x (one more) would not finish: the step goes on, x c y filled
+    args = worked_example(max_new=4) + [_i32([2])]
+    commit(*args)
+    assert args[8][0, :2].tolist() == [1, SENTINEL] and args[9].tolist() == [1]
+    assert args[10].tolist() == [False] and args[3].tolist() == [11]
+    assert args[2].tolist() == [3]  # refilled by the whole run, within max_new
+    assert args[0][0, :3].tolist() == [4, 3, 6] and not args[1][0, :3].any()
+
+
+def test_commit_limit_of_zero_or_less_commits_nothing_and_hides_a_stop_in_the_new_run(commit):
+    for limit in (0, -3):
+        args = worked_example(stop_ids=(3, -1)) + [_i32([limit])]  # c is a stop token
+        commit(*args)
+        assert args[9].tolist() == [0] and args[3].tolist() == [10]
+        assert args[10].tolist() == [False]
+        # nothing shifted: a x c y filled, the run of 4 refills 4 masks (capacity 8)
+        assert args[0].tolist() == [[1, 4, 3, 6, MASK, MASK, MASK, MASK]]
+        assert args[2].tolist() == [8]
+
+
+def test_commit_limit_at_the_fed_run_still_finishes_early_on_what_was_fed(commit):
+    # the limit counts the fed window's slots: 1 (a) then 2 more in the early finish
+    args = worked_example(max_new=3) + [_i32([3])]
+    commit(*args)
+    assert args[8][0, :4].tolist() == [1, 4, 3, SENTINEL] and args[9].tolist() == [3]
+    assert args[10].tolist() == [True] and args[2].tolist() == [0]
+
+
+def test_blockwise_block_past_the_commit_limit_is_not_committed(commit):
+    block = _single([5, 6, 7, 8, MASK], 5, 0, 0, 20, [-1], window=4, blockwise=True)
+    commit(*(block + [_i32([3])]))
+    assert block[9].tolist() == [0] and block[0][0, :4].tolist() == [5, 6, 7, 8]
+    whole = _single([5, 6, 7, 8, MASK], 5, 0, 0, 20, [-1], window=4, blockwise=True)
+    commit(*(whole + [_i32([4])]))
+    assert whole[9].tolist() == [4] and whole[8][0, :4].tolist() == [5, 6, 7, 8]
 
 
 def _single(window_tokens, win_len, ctx_len, out_len, max_new, stop_ids, rows=(), window=4,
@@ -482,7 +532,7 @@ def _check_consistent(state, prompt, limit, stop_ids, sampled):
 
 
 def _valid_args():
-    return worked_example()
+    return worked_example() + [_i32([1000])]  # with a commit limit that limits nothing
 
 
 @pytest.mark.parametrize(
@@ -504,6 +554,8 @@ def _valid_args():
         (13, "window", 4.0),
         (14, "mask_id", "99"),
         (15, "blockwise", 1),
+        (16, "commit_limit", torch.zeros(1, dtype=torch.int64)),
+        (16, "commit_limit", [3]),
     ],
 )
 def test_wrong_dtype_or_type_is_a_type_error_naming_the_argument(index, name, bad):
@@ -528,6 +580,7 @@ def test_wrong_dtype_or_type_is_a_type_error_naming_the_argument(index, name, ba
         (12, "max_new", torch.zeros(3, dtype=torch.int32)),
         (13, "window", 0),
         (14, "mask_id", -1),
+        (16, "commit_limit", torch.zeros(2, dtype=torch.int32)),
     ],
 )
 def test_wrong_shape_batch_or_scalar_is_a_value_error_naming_the_argument(index, name, bad):

@@ -57,7 +57,7 @@ class KernelState:
             self.guards[index] = guarded(self.args[index])
             self.args[index] = self.guards[index].tensor
         if strided:
-            for index in READ_ONLY:
+            for index in READ_ONLY + ((16,) if len(self.args) > 16 else ()):
                 self.args[index] = _strided(self.args[index])
 
     def commit(self, rows=None):
@@ -106,16 +106,19 @@ def assert_states_equal(actual, expected, label):
     window=st.integers(1, 6),
     blockwise=st.booleans(),
     strided=st.booleans(),
+    limited=st.booleans(),
 )
-@example(seed=0, batch=0, window=1, blockwise=False, strided=False)
-@example(seed=1, batch=1, window=1, blockwise=True, strided=True)
-@example(seed=2, batch=4, window=6, blockwise=True, strided=False)
+@example(seed=0, batch=0, window=1, blockwise=False, strided=False, limited=False)
+@example(seed=1, batch=1, window=1, blockwise=True, strided=True, limited=True)
+@example(seed=2, batch=4, window=6, blockwise=True, strided=False, limited=False)
+@example(seed=3, batch=4, window=6, blockwise=False, strided=True, limited=True)
 def test_kernel_matches_reference_and_torch_on_random_states(
-    seed, batch, window, blockwise, strided
+    seed, batch, window, blockwise, strided, limited
 ):
     # active, finished and empty sequences, stop ids (K = 0..3), out_len near the capacity,
-    # padding rows, rows outside every sequence, any window size (S = 2W)
-    args = random_commit_case(seed, batch, window, blockwise)
+    # padding rows, rows outside every sequence, any window size (S = 2W), with and
+    # without a commit limit
+    args = random_commit_case(seed, batch, window, blockwise, limited)
     expected = run_reference(args)
     assert_states_equal(run_torch(args), expected, "torch")
     assert_states_equal(run_kernel(args, strided), expected, "kernel")

@@ -172,6 +172,21 @@ def test_op_compiles_fullgraph_and_matches_eager(name):
     _assert_same(compiled_args, eager_args)
 
 
+def test_commit_window_with_a_commit_limit_passes_opcheck_and_compiles_fullgraph():
+    def make_args():
+        return _commit_args() + (torch.tensor([0, 5], dtype=torch.int32),)
+
+    torch.library.opcheck(torch.ops.wedlm.commit_window.default, _clone(make_args()))
+    eager_args, compiled_args = _clone(make_args()), _clone(make_args())
+    wk.commit_window(*eager_args)
+    torch._dynamo.reset()
+    torch.compile(wk.commit_window, fullgraph=True)(*compiled_args)
+    _assert_same(compiled_args, eager_args)
+    unlimited = _clone(_commit_args())
+    wk.commit_window(*unlimited)
+    assert not torch.equal(unlimited[9], eager_args[9])  # the limit changed the commits
+
+
 def test_every_public_op_is_registered_in_the_wedlm_namespace():
     for name in CASES:
         assert hasattr(torch.ops.wedlm, name), name

@@ -54,7 +54,8 @@ print(json.dumps(results))
 #   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
 #   at head size 32 and 64 spill 8 bytes. Triton 3.6 compiles all of them without a spill
 #   (make test-oldest runs this test on it).
-_WINDOW_SPILLS = {"commit_window:block_slots=32": 4, "commit_window:block_slots=256": 8}
+_WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": size
+                  for slots, size in ((32, 4), (256, 8)) for limited in (False, True)}
 # - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
 #   the penalties nor a mask): ptxas keeps 40 registers and spills 8 bytes (3.6) or 12 (3.7)
 #   of the scalar loop state; the variants with more rules allocate more and spill nothing.

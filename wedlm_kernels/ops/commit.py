@@ -42,6 +42,7 @@ def commit_window(
     window: int,
     mask_id: int,
     blockwise: bool = False,
+    commit_limit: torch.Tensor | None = None,
 ) -> None:
     """Commit the leading filled run, write the selected tokens and refill the window.
 
@@ -62,6 +63,12 @@ def commit_window(
        (early finish: no further forward is needed) and ``win_len = 0``;
     4. otherwise the window is refilled with as many masks as its leading run:
        ``win_len = min(n + run, limit - out_len, S)`` (never past ``prompt_len + max_new``).
+
+    With ``commit_limit``, a sequence commits at most ``commit_limit[b]`` leading slots of
+    the window it was fed in this call, rules 1 and 3 together (the runs they commit are
+    cut there; the refill of rule 4 still counts the whole run). A grammar-constrained
+    front end passes the slots its walk validated, so that a draft is never committed
+    before the grammar has accepted it (docs/contracts.md, "Structured outputs").
 
     Slots ``>= win_len`` of active sequences end as ``mask_id``/True. ``out_tokens`` is only
     written at columns ``[old out_len, new out_len)``.
@@ -101,6 +108,9 @@ def commit_window(
         The mask token id (``>= 0``), written into freed slots.
     blockwise : bool
         The block-wise baseline instead of streaming.
+    commit_limit : torch.Tensor or None
+        ``[B]`` int32; the most leading slots of the fed window sequence ``b`` may commit in
+        this call, the early finish included (negative: none). None: no limit.
 
     Returns
     -------
@@ -137,11 +147,13 @@ def commit_window(
     check_tensor("finished", finished, torch.bool, ("B",), dims, contiguous=True)
     check_tensor("stop_ids", stop_ids, torch.int64, ("B", "K"), dims)
     check_tensor("max_new", max_new, torch.int32, ("B",), dims)
+    if commit_limit is not None:
+        check_tensor("commit_limit", commit_limit, torch.int32, ("B",), dims)
     check_same_device(
         win_tokens=win_tokens, win_mask=win_mask, win_len=win_len, ctx_len=ctx_len,
         cu_rows=cu_rows, row_pos=row_pos, token=token, selected=selected,
         out_tokens=out_tokens, out_len=out_len, finished=finished, stop_ids=stop_ids,
-        max_new=max_new,
+        max_new=max_new, commit_limit=commit_limit,
     )
     check_int("window", window, minimum=1)
     check_int("mask_id", mask_id, minimum=0)
@@ -152,6 +164,7 @@ def commit_window(
     _dispatch.call(
         "commit_window", win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token,
         selected, out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
+        commit_limit,
     )
 
 
@@ -189,17 +202,21 @@ def _debug_checks(
 
 
 def _effective_run(
-    win_mask: torch.Tensor, live_len: torch.Tensor, window: int, blockwise: bool
+    win_mask: torch.Tensor, live_len: torch.Tensor, window: int, blockwise: bool,
+    room: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule 1: per sequence, the leading run of filled live slots that counts as committable.
 
     ``win_mask`` ``[B, C]``, ``live_len`` ``[B]`` int64 (``<= C``). Streaming: the run;
-    block-wise: ``min(window, live_len)`` if the run covers that block, else 0.
+    block-wise: ``min(window, live_len)`` if the run covers that block, else 0. ``room``
+    ``[B]`` int64: the run is cut at that many slots first (``commit_limit``).
     """
     slot = torch.arange(win_mask.shape[1], device=win_mask.device)
     not_filled = win_mask | (slot >= live_len.unsqueeze(1))
     # the run is the number of slots before the first slot that is not a filled live slot
     run = (torch.cumsum(not_filled.to(torch.int64), dim=1) == 0).sum(dim=1)
+    if room is not None:
+        run = torch.minimum(run, room)
     if not blockwise:
         return run
     block = live_len.clamp(max=window)
@@ -267,6 +284,7 @@ def commit_window_torch(
     window: int,
     mask_id: int,
     blockwise: bool = False,
+    commit_limit: torch.Tensor | None = None,
 ) -> None:
     batch, slots = win_tokens.shape
     if batch == 0:
@@ -286,8 +304,11 @@ def commit_window_torch(
     length = out_len.to(torch.int64)
     context = ctx_len.to(torch.int64)
 
+    # the slots each sequence may still commit in this call (commit_limit); None: any
+    room = None if commit_limit is None else commit_limit.to(torch.int64).clamp(min=0)
+
     # 1-3. commit the leading run as fed to the forward
-    eff = _effective_run(masks, live_len, window, blockwise)
+    eff = _effective_run(masks, live_len, window, blockwise, room)
     committed, finishes = _commit_count(tokens, eff, length, limit, stop_ids)
     committed = torch.where(active, committed, 0)
     outputs = _append(out_tokens, length, tokens, committed)
@@ -324,8 +345,11 @@ def commit_window_torch(
     tokens, masks = tokens.view(batch, slots + 1), masks.view(batch, slots + 1)
 
     # 6. early finish: commit the new leading run now if committing it finishes the sequence
+    # (within commit_limit; the refill of rule 7 counts the whole run)
     eff = _effective_run(masks, live_len, window, blockwise)
-    early_count, early = _commit_count(tokens, eff, length, limit, stop_ids)
+    eff_early = eff if room is None else _effective_run(
+        masks, live_len, window, blockwise, room - committed)
+    early_count, early = _commit_count(tokens, eff_early, length, limit, stop_ids)
     early = keep & early
     early_count = torch.where(early, early_count, 0)
     outputs = _append(outputs, length, tokens, early_count)
@@ -366,6 +390,7 @@ def _commit_window_kernel(
     finished_ptr,  # [B] bool, mutated
     stop_ids_ptr,  # [B, K] int64
     max_new_ptr,  # [B] int32
+    commit_limit_ptr,  # [B] int32 (read iff HAS_COMMIT_LIMIT)
     slots,  # S
     rows,  # R
     capacity,  # T
@@ -374,9 +399,10 @@ def _commit_window_kernel(
     mask_id,
     blockwise,  # 0 or 1
     stride_cu_rows, stride_row_pos, stride_token, stride_selected,
-    stride_stop_b, stride_stop_k, stride_max_new,
+    stride_stop_b, stride_stop_k, stride_max_new, stride_commit_limit,
     BLOCK_SLOTS: tl.constexpr,  # power of two >= S
     BLOCK_ROWS: tl.constexpr,
+    HAS_COMMIT_LIMIT: tl.constexpr,
 ):
     # One program per sequence b, following the numbered rules of docs/contracts.md
     # "commit_window". The window lives in registers ([BLOCK_SLOTS] lanes, lane s = slot s)
@@ -384,7 +410,9 @@ def _commit_window_kernel(
     # hazard. The prefix rules are cumulative sums over the lanes: the leading run is the
     # number of lanes before the first lane that is not a filled live slot, and slot s of
     # the run is committed iff s < run, s < limit - out_len and no stop token precedes it.
-    # Inactive sequences run the same code with every store masked off.
+    # Inactive sequences run the same code with every store masked off. With a commit
+    # limit, both commits (rules 2 and 6) take at most `room` more slots; the refill (rule
+    # 7) still counts the whole run.
     b = tl.program_id(0).to(tl.int64)
     slot = tl.arange(0, BLOCK_SLOTS)  # [BLOCK_SLOTS]
     slot64 = slot.to(tl.int64)
@@ -405,6 +433,8 @@ def _commit_window_kernel(
     is_mask = tl.load(win_mask_ptr + state_row + slot64, mask=live, other=1) != 0
 
     keep = active  # the sequence goes on (rules 3 and 6 end it)
+    if HAS_COMMIT_LIMIT:
+        room = tl.maximum(tl.load(commit_limit_ptr + b * stride_commit_limit), 0)
     for phase in tl.static_range(2):
         # phase 0: rules 1-2 on the window fed to the forward; phase 1: rule 6 (early
         # finish) on the shifted and filled window, whose run is committed only if that
@@ -413,6 +443,10 @@ def _commit_window_kernel(
         run = tl.sum((tl.cumsum(not_filled, axis=0) == 0).to(tl.int32), axis=0)
         block = tl.minimum(live_len, window)
         eff = tl.where(blockwise != 0, tl.where(run >= block, block, 0), run)
+        eff_commit = eff
+        if HAS_COMMIT_LIMIT:
+            capped = tl.minimum(run, room)
+            eff_commit = tl.where(blockwise != 0, tl.where(capped >= block, block, 0), capped)
 
         # a scalar loop over the stop ids: K = 0 needs no empty tile
         is_stop = tl.full([BLOCK_SLOTS], 0, dtype=tl.int1)
@@ -421,7 +455,7 @@ def _commit_window_kernel(
             is_stop = is_stop | ((tokens == stop_id) & (stop_id >= 0))
         stop = is_stop.to(tl.int32)
         stops_before = tl.cumsum(stop, axis=0) - stop
-        taken = (slot < eff) & (slot < limit - out_len) & (stops_before == 0)
+        taken = (slot < eff_commit) & (slot < limit - out_len) & (stops_before == 0)
         count = tl.sum(taken.to(tl.int32), axis=0)
         stopped = tl.max((taken & is_stop).to(tl.int32), axis=0) != 0
         finishes = stopped | (out_len + count >= limit)
@@ -437,6 +471,8 @@ def _commit_window_kernel(
         count = tl.where(commits, count, 0)
         out_len += count
         ctx_len += count
+        if HAS_COMMIT_LIMIT:
+            room -= count
         keep = keep & ~(commits & finishes)
 
         if phase == 0:
@@ -517,12 +553,14 @@ def commit_window_triton(
     window: int,
     mask_id: int,
     blockwise: bool = False,
+    commit_limit: torch.Tensor | None = None,
 ) -> None:
     batch, slots = win_tokens.shape
     if slots > MAX_KERNEL_SLOTS:
         commit_window_torch(
             win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
             out_tokens, out_len, finished, stop_ids, max_new, window, mask_id, blockwise,
+            commit_limit,
         )
         return None
     if batch == 0:
@@ -531,43 +569,50 @@ def commit_window_triton(
     _commit_window_kernel[(batch,)](
         win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos, token, selected,
         out_tokens, out_len, finished, stop_ids, max_new,
+        max_new if commit_limit is None else commit_limit,
         slots, row_pos.shape[0], out_tokens.shape[1], stop_ids.shape[1],
         window, mask_id, int(blockwise),
         cu_rows.stride(0), row_pos.stride(0), token.stride(0), selected.stride(0),
         stop_ids.stride(0), stop_ids.stride(1), max_new.stride(0),
+        0 if commit_limit is None else commit_limit.stride(0),
         BLOCK_SLOTS=block_slots,
         BLOCK_ROWS=BLOCK_ROWS,
+        HAS_COMMIT_LIMIT=commit_limit is not None,
         num_warps=_num_warps(block_slots),
     )
     return None
 
 
 def kernel_variants() -> list[KernelVariant]:
-    """Every specialisation ``commit_window_triton`` launches: one per slot tile size."""
+    """Every specialisation ``commit_window_triton`` launches: one per slot tile size, with
+    and without a commit limit."""
     pointers = {
         "win_tokens_ptr": torch.int64, "win_mask_ptr": torch.bool, "win_len_ptr": torch.int32,
         "ctx_len_ptr": torch.int32, "cu_rows_ptr": torch.int32, "row_pos_ptr": torch.int64,
         "token_ptr": torch.int64, "selected_ptr": torch.bool, "out_tokens_ptr": torch.int64,
         "out_len_ptr": torch.int32, "finished_ptr": torch.bool, "stop_ids_ptr": torch.int64,
-        "max_new_ptr": torch.int32,
+        "max_new_ptr": torch.int32, "commit_limit_ptr": torch.int32,
     }
     scalars = (
         "slots", "rows", "capacity", "stops", "window", "mask_id", "blockwise",
         "stride_cu_rows", "stride_row_pos", "stride_token", "stride_selected",
-        "stride_stop_b", "stride_stop_k", "stride_max_new",
+        "stride_stop_b", "stride_stop_k", "stride_max_new", "stride_commit_limit",
     )
     signature = {name: POINTER_TYPES[dtype] for name, dtype in pointers.items()}
     signature.update({name: "i32" for name in scalars})
-    signature.update(BLOCK_SLOTS="constexpr", BLOCK_ROWS="constexpr")
+    signature.update(BLOCK_SLOTS="constexpr", BLOCK_ROWS="constexpr",
+                     HAS_COMMIT_LIMIT="constexpr")
     variants = []
     block_slots = MIN_BLOCK_SLOTS
     while block_slots <= _block_slots(MAX_KERNEL_SLOTS):
-        variants.append(KernelVariant(
-            name=f"block_slots={block_slots}", kernel=_commit_window_kernel,
-            signature=signature,
-            constexprs={"BLOCK_SLOTS": block_slots, "BLOCK_ROWS": BLOCK_ROWS},
-            num_warps=_num_warps(block_slots),
-        ))
+        for limited in (False, True):
+            variants.append(KernelVariant(
+                name=f"block_slots={block_slots},commit_limit={limited}",
+                kernel=_commit_window_kernel, signature=signature,
+                constexprs={"BLOCK_SLOTS": block_slots, "BLOCK_ROWS": BLOCK_ROWS,
+                            "HAS_COMMIT_LIMIT": limited},
+                num_warps=_num_warps(block_slots),
+            ))
         block_slots *= 2
     return variants
 
@@ -589,5 +634,6 @@ def commit_window_fake(
     window: int,
     mask_id: int,
     blockwise: bool = False,
+    commit_limit: torch.Tensor | None = None,
 ) -> None:
     return None

@@ -255,6 +255,13 @@ class Generator:
     cuda_graph : bool
         Capture the decode step in CUDA graphs (CUDA only; one graph per batch-size bucket,
         the batch is padded to the bucket).
+    logprobs_mode : str
+        vLLM's ``logprobs_mode`` (docs/contracts.md, "Logprobs").
+    grammar_drafts : bool
+        Under a grammar, sample the mask slots past the decided ones as drafts, checked by
+        the next step's walk (docs/contracts.md, "Structured outputs"). False: only the
+        decided slots are sampled, one sampled token per step (the rule before drafts;
+        for comparison).
 
     Notes
     -----
@@ -275,6 +282,7 @@ class Generator:
         poll_every: int = 4,
         cuda_graph: bool = False,
         logprobs_mode: str = "raw_logprobs",
+        grammar_drafts: bool = True,
     ) -> None:
         self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
@@ -293,6 +301,9 @@ class Generator:
                                              or max_cache_tokens < 1):
             raise ValueError(f"max_cache_tokens must be a positive int or None, got "
                              f"{max_cache_tokens!r}")
+        if not isinstance(grammar_drafts, bool):
+            raise TypeError(f"grammar_drafts must be a bool, got {type(grammar_drafts).__name__}")
+        self.grammar_drafts = grammar_drafts
         self.logprobs_mode = check_mode(logprobs_mode)
         self.model = model
         self.window = window
@@ -642,7 +653,7 @@ class Generator:
         # logit rows: AR one per sequence; a window step W per sequence, its masks in order
         base = list(range(batch)) if ar else [i * self.window for i in range(batch)]
         return GrammarStep.build(windows, plans, first_rows, base, bitmask.numpy(),
-                                 self._device)
+                                 self._device, drafts=self.grammar_drafts and not ar)
 
     def _rows_for_step(self, state: BatchState) -> int | None:
         """The packed rows of the next window step: its live-row count, the one value a step
@@ -957,7 +968,7 @@ class Generator:
             s.penalty, s.seed,
         )
         if grammar is not None:
-            grammar.force_selected(selected)
+            grammar.settle(selected)
             grammar.remask(s.win_tokens, s.win_mask, self.mask_token_id)
         if self._widths["Nb"]:  # ... and leave unfilled what completes one with this step
             selected = bad_words.unfill_bad_words(selected, token, words, row_sequence,
@@ -970,10 +981,12 @@ class Generator:
         s.forwards += live
         s.rows += torch.where(live, s.win_len, 0)
         out_len_before = s.out_len.clone()
+        if grammar is not None:  # a window whose fed run a rejected slot cut keeps W slots
+            s.win_len.copy_(grammar.cut_windows(s.win_len, window))
         wk.commit_window(
             s.win_tokens, s.win_mask, s.win_len, s.ctx_len, cu_rows, row_pos, token, selected,
             s.out_tokens, s.out_len, s.finished, s.stop_ids, s.max_new, window,
-            self.mask_token_id, blockwise,
+            self.mask_token_id, blockwise, None if grammar is None else grammar.commit_limit,
         )
         self._count_outputs(s, out_len_before, s.win_tokens.shape[1])
 

@@ -51,3 +51,18 @@ class Choice:
 
     def is_terminated(self) -> bool:
         return self.terminated
+
+
+class Repeat(Choice):
+    """Accepts ``count`` tokens from ``allowed_tokens``, then ``end`` (a regex's
+    ``[...]{count}``): a permissive grammar, which text of those tokens always satisfies."""
+
+    def __init__(self, allowed_tokens, count: int, end: int, vocab_size: int) -> None:
+        super().__init__([], end, vocab_size)
+        self.allowed_tokens = set(allowed_tokens)
+        self.count = count
+
+    def allowed(self) -> set[int]:
+        if self.terminated:
+            return set()
+        return set(self.allowed_tokens) if len(self.tokens) < self.count else {self.end}

@@ -1,31 +1,47 @@
-"""Structured outputs on a WeDLM window: which slots a grammar decides, under which token
-masks, and what a decode step does with them (docs/contracts.md, "Structured outputs").
+"""Structured outputs on a WeDLM window: which slots a grammar decides, which slots are
+drafts, under which token masks, and what a decode step does with them (docs/contracts.md,
+"Structured outputs").
 
 A grammar accepts tokens left to right; a WeDLM step fills mask slots anywhere in its
 window and commits, one step later, the leading run of filled slots. The rule that makes
-the two meet and keeps every committed prefix inside the grammar:
+the two meet, keeps every committed prefix inside the grammar and still fills several
+slots per step:
 
 1. Before a step, the host walks the window the step is fed, slot by slot in logical
    order, from the grammar's state after the committed tokens (:func:`plan_window`):
 
-   - a filled slot the grammar accepts advances the grammar, and the walk goes on;
+   - a filled slot the grammar accepts advances the grammar (it is *validated*), and the
+     walk goes on;
    - a mask slot gets the grammar's token mask at that state, less the ids no request
      outputs (:mod:`wedlm_kernels.output_ids`); if the mask allows exactly one token (a
      *forced* token) the walk advances with it and goes on; if it allows none (or the
      grammar refuses the token it forces) the walk stops *before* this slot, a *dead end*
      (no token can fill it; at the first slot, the request can never go on and its front
-     end ends it with an error); otherwise the walk stops after this slot;
-   - a filled slot the grammar rejects stops the walk; the step turns it back into a mask;
+     end ends it with an error); otherwise the walk stops after this slot (the *grammar
+     slot*: its left neighbours are all decided, so its mask is exact);
+   - a filled slot the grammar rejects stops the walk; the step turns it, and every filled
+     slot to its right, back into masks;
    - once the grammar has terminated (its end accepted), the remaining slots are not
      constrained (vLLM ignores tokens after termination too).
 
    The slots walked are the *decided* slots; the walk is undone afterwards (the grammar
    stays at the committed tokens).
 2. The step samples every decided mask slot under its mask and fills them all, whatever
-   the entropy rule would select; an undecided mask is not sampled. So every filled slot
-   holds a token the grammar accepted at its place, and the leading run that
-   ``commit_window`` commits is always a prefix the grammar accepts. Each step commits what
-   the previous one decided: one token, plus the forced tokens after it.
+   the entropy rule would select. The mask slots past the grammar slot are *drafts*:
+   sampled and selected as in free decoding, without a grammar mask (their left
+   neighbours are not decided yet), and checked by the next step's walk. The step keeps
+   them only if the grammar slot's mask allows the model's first choice there (its
+   largest logit): where the grammar overrules the model, drafts made past it would likely
+   be rejected, and a rejected draft costs a forward. Not drafted: the slots from a dead
+   end on, and the slots right of a rejected one (their forward saw the rejected token).
+3. ``commit_window`` commits at most the decided slots of the window it was fed
+   (``commit_limit``, its early finish included): every committed slot was validated by
+   a walk or sampled under the exact mask of its place, so the committed tokens are always
+   a prefix the grammar accepts. A grammar that accepts what free decoding writes
+   validates every draft: the steps fill and commit what free decoding's would (where
+   free decoding fills each step's first mask, as it does on predictable text), and the
+   last drafts wait one more forward for their walk (free decoding commits them at once,
+   by the early finish).
 
 The grammar is any object with vLLM's ``StructuredOutputGrammar`` methods
 (:class:`Grammar`); masks use xgrammar's layout (bit ``v % 32`` of int32 word ``v // 32``
@@ -42,6 +58,7 @@ import torch
 from .ops.logits import process_logits
 
 ALL_ALLOWED = -1  # an int32 word with every bit set
+INT32_MAX = 2**31 - 1  # a commit limit that limits nothing
 
 
 class Grammar(Protocol):
@@ -74,14 +91,22 @@ def only_token(row: np.ndarray) -> int | None:
 
 class WindowPlan(NamedTuple):
     """What :func:`plan_window` concluded: slots ``0 .. decided - 1`` are decided;
-    ``rejected`` is the filled slot the grammar rejects (masked again by the step), or -1;
-    ``dead_end``: slot ``decided`` is a mask no token can fill (the grammar allows none
-    there, or refuses the one it forces). ``decided == 0`` with a dead end: the grammar,
-    after the committed tokens, allows nothing and has not ended (:meth:`stuck`)."""
+    ``rejected`` is the filled slot the grammar rejects (it and every filled slot to its
+    right are masked again by the step), or -1; ``dead_end``: slot ``decided`` is a mask no
+    token can fill (the grammar allows none there, or refuses the one it forces).
+    ``decided == 0`` with a dead end: the grammar, after the committed tokens, allows
+    nothing and has not ended (:meth:`stuck`)."""
 
     decided: int
     rejected: int
     dead_end: bool = False
+    grammar_slot: bool = False
+
+    @property
+    def commit_limit(self) -> int:
+        """The leading slots of the walked window the step may commit: the validated and
+        decided ones, up to a rejected slot (rule 3 of the module docstring)."""
+        return self.rejected if self.rejected >= 0 else self.decided
 
     @property
     def stuck(self) -> bool:
@@ -118,7 +143,7 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
     Returns
     -------
     WindowPlan
-        ``(decided, rejected, dead_end)``. A mask slot that allows no token, or whose forced
+        ``(decided, rejected, dead_end, grammar_slot)``. A mask slot that allows no token, or whose forced
         token the grammar then refuses (its mask and its ``accept_tokens`` disagree: a
         broken grammar), is not decided, so it is not sampled: it is a dead end.
 
@@ -126,12 +151,12 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
     three masks decides all three (``a``, ``b`` and the end are forced)::
 
         plan_window(grammar, [-1, -1, -1], bitmask, 0)
-        # WindowPlan(decided=3, rejected=-1, dead_end=False)
+        # WindowPlan(decided=3, rejected=-1, dead_end=False, grammar_slot=False)
     """
     rows = bitmask.numpy()
     decided = unconstrained_from = len(window)
     rejected = -1
-    dead_end = False
+    dead_end = grammar_slot = False
     advanced = 0
     try:
         for slot, token in enumerate(window):
@@ -159,6 +184,7 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
                 break
             if allowed > 1:
                 decided = unconstrained_from = slot + 1
+                grammar_slot = True
                 break
             if not grammar.accept_tokens(request_id, [only_token(rows[row])]):
                 decided = unconstrained_from = slot  # its one token is refused
@@ -169,55 +195,84 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
     finally:
         if advanced:
             grammar.rollback(advanced)
-    return WindowPlan(decided, rejected, dead_end)
+    return WindowPlan(decided, rejected, dead_end, grammar_slot)
 
 
 @dataclass
 class GrammarStep:
-    """What a decode step does for its grammar-constrained sequences (rule 2), as device
-    index tensors built on the host by :meth:`build`.
+    """What a decode step does for its grammar-constrained sequences (rules 2 and 3), as
+    device index tensors built on the host by :meth:`build`.
 
     ``sampled_rows`` [n] int64: logit rows of decided mask slots; ``masks`` [n, words]
-    int32: their token masks; ``idle_rows`` [m] int64: logit rows of undecided mask slots of
-    constrained sequences (and of held ones); ``remask_sequence``, ``remask_slot`` [k]
-    int64: filled slots the grammar rejects.
+    int32: their token masks; ``idle_rows`` [m] int64: logit rows not sampled (mask slots
+    from a dead end on or right of a rejected slot, every row of a held sequence, and every
+    undecided mask without drafts); ``gate_rows`` [g]: the grammar slot's row of each drafting sequence, ``gate_index`` [g]
+    its index in ``sampled_rows``; ``draft_rows`` [d]: the drafts' rows, ``draft_gate`` [d]
+    the index of their sequence's grammar slot in ``gate_rows``; ``remask_sequence``,
+    ``remask_slot`` [k] int64: filled slots masked again (a rejected slot and the filled
+    slots to its right); ``commit_limit`` [B] int32: the slots each sequence may commit
+    this step (a sequence without a walk: no limit); ``window_cut`` [B] int32: the live
+    slots a window drops before the commit (:meth:`cut_windows`).
     """
 
     sampled_rows: torch.Tensor
     masks: torch.Tensor
     idle_rows: torch.Tensor
+    gate_rows: torch.Tensor
+    gate_index: torch.Tensor
+    draft_rows: torch.Tensor
+    draft_gate: torch.Tensor
     remask_sequence: torch.Tensor
     remask_slot: torch.Tensor
     sampled_bounds: torch.Tensor  # [2] int32: [0, n], the sampled rows as one sequence
+    commit_limit: torch.Tensor
+    rejected: torch.Tensor
     _saved: torch.Tensor | None = None
+    _agrees: torch.Tensor | None = None
 
     @staticmethod
     def build(windows: Sequence[Sequence[int] | None], plans: Sequence[WindowPlan | None],
               first_rows: Sequence[int], mask_row_base: Sequence[int], bitmask: np.ndarray,
-              device: torch.device | str, held_rows: Sequence[int] = ()) -> "GrammarStep":
+              device: torch.device | str, held_rows: Sequence[int] = (),
+              drafts: bool = True) -> "GrammarStep":
         """The step of a batch: ``windows[b]`` is the window sequence ``b`` is fed (as for
         :func:`plan_window`; None: not constrained), ``plans[b]`` and ``first_rows[b]`` its
         walk, ``mask_row_base[b]`` the logit row of its first mask slot (its mask slots'
         rows follow in logical order), ``bitmask`` the rows the walks filled; ``held_rows``:
-        more logit rows not to sample (a constrained sequence without a walk this step).
-        Every index reaches the device in one pinned, asynchronous copy."""
-        sampled, grammar_rows, idle, remask = [], [], list(held_rows), []
+        more logit rows not to sample (a constrained sequence without a walk this step);
+        ``drafts``: False leaves every undecided mask unsampled (no drafts: one sampled
+        token per step, the rule before drafts). Every index reaches the device in one
+        pinned, asynchronous copy."""
+        sampled, grammar_rows, idle = [], [], list(held_rows)
+        gates, gate_index, draft_rows, draft_gate, remask = [], [], [], [], []
+        limits, rejected_slots = [INT32_MAX] * len(windows), [-1] * len(windows)
         for b, window in enumerate(windows):
             if window is None:
                 continue
-            decided, rejected = plans[b].decided, plans[b].rejected
+            plan = plans[b]
+            decided, rejected = plan.decided, plan.rejected
+            # rule 2: drafts past a grammar slot only (not from a dead end on, nor right
+            # of a rejected slot, nor past a window the walk decided to its end)
+            drafting = drafts and plan.grammar_slot and not plan.dead_end and rejected < 0
             masks_seen = 0
             for slot, token in enumerate(window):
                 if token < 0:
                     row = mask_row_base[b] + masks_seen
                     masks_seen += 1
                     if slot < decided:
+                        if drafting and slot == decided - 1:  # the grammar slot
+                            gates.append(row)
+                            gate_index.append(len(sampled))
                         sampled.append(row)
                         grammar_rows.append(first_rows[b] + slot)
+                    elif drafting:
+                        draft_rows.append(row)
+                        draft_gate.append(len(gates) - 1)
                     else:
                         idle.append(row)
-            if rejected >= 0:
-                remask.append((b, rejected))
+                elif 0 <= rejected <= slot:
+                    remask.append((b, slot))
+            limits[b], rejected_slots[b] = plan.commit_limit, rejected
         pinned = torch.device(device).type == "cuda"
 
         def tensor(values, dtype=torch.int64) -> torch.Tensor:
@@ -227,14 +282,26 @@ class GrammarStep:
         masks = tensor(bitmask[grammar_rows] if grammar_rows else
                        np.zeros((0, bitmask.shape[1]), dtype=np.int32), torch.int32)
         pairs = np.asarray(remask, dtype=np.int64).reshape(-1, 2)
-        return GrammarStep(tensor(sampled), masks, tensor(idle), tensor(pairs[:, 0]),
-                           tensor(pairs[:, 1]), tensor([0, len(sampled)], torch.int32))
+        return GrammarStep(
+            tensor(sampled), masks, tensor(idle), tensor(gates),
+            tensor(gate_index), tensor(draft_rows), tensor(draft_gate), tensor(pairs[:, 0]),
+            tensor(pairs[:, 1]), tensor([0, len(sampled)], torch.int32),
+            tensor(limits, torch.int32), tensor(rejected_slots, torch.int32))
 
     def mask_logits(self, logits: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
         """Before the request rules: ban what each decided slot's mask does not allow (in
-        place), and return ``row_pos`` with the undecided mask rows made padding (-1), so
-        the selection neither samples nor fills them."""
+        place), and return ``row_pos`` with the idle rows made padding (-1), so the selection
+        neither samples nor fills them (the drafts stay valid rows). First, whether each
+        grammar slot's mask allows the model's own first choice there (the largest of its
+        logits as given: the gate of :meth:`settle`)."""
         rows = self.sampled_rows
+        if self.gate_rows.numel():
+            top = logits.index_select(0, self.gate_rows).argmax(dim=1)  # [g]
+            gate_masks = self.masks.index_select(0, self.gate_index)
+            word = torch.div(top, 32, rounding_mode="floor")
+            bits = gate_masks.gather(1, word.clamp(max=gate_masks.shape[1] - 1)[:, None])[:, 0]
+            self._agrees = (word < gate_masks.shape[1]) & (
+                torch.bitwise_right_shift(bits, top % 32) & 1 == 1)
         if rows.numel():
             decided = logits.index_select(0, rows)
             words = -(-logits.shape[1] // 32)
@@ -264,13 +331,35 @@ class GrammarStep:
         dead = (processed == float("-inf")).all(dim=1, keepdim=True)
         logits.index_copy_(0, rows, torch.where(dead, self._saved, processed))
 
-    def force_selected(self, selected: torch.Tensor) -> None:
-        """After the selection: every decided mask slot is filled (in place)."""
+    def settle(self, selected: torch.Tensor) -> None:
+        """After the selection, in place: every decided mask slot is filled, whatever the
+        entropy rule selected (forced tokens and the grammar slot: each step commits at
+        least what a step without drafts does); a drafting sequence keeps the drafts the
+        selection chose, as free decoding does, if its grammar slot allows the model's first
+        choice there, and drops them if not (the grammar overrules the model there, so
+        drafts made past it would likely be rejected, each rejection costing a forward)."""
         if self.sampled_rows.numel():
             selected.index_fill_(0, self.sampled_rows, True)
+        if self._agrees is not None and self.draft_rows.numel():
+            selected.index_copy_(0, self.draft_rows, selected.index_select(0, self.draft_rows)
+                                 & self._agrees.index_select(0, self.draft_gate))
+
+    def cut_windows(self, win_len: torch.Tensor, window: int | torch.Tensor) -> torch.Tensor:
+        """Before the commit: ``win_len`` less the slots each window drops. A window is fed
+        its leading filled run (which the step commits) and up to ``window`` (``W``) more
+        slots, and keeps those ``W`` after the commit; a rejected slot inside that run
+        makes the rest of the run masks again, which the commit (up to the rejected slot)
+        keeps as live slots past the ``W``, and the refill would grow the window further.
+        So the window drops its last slots (masks: nothing right of a rejected slot is
+        filled or drafted) to keep at most ``W`` after the rejected slot, as free decoding
+        keeps ``W`` after its commit."""
+        rejected = self.rejected
+        excess = (win_len - rejected - window).clamp(min=0)
+        return (win_len - torch.where(rejected >= 0, excess, 0)).to(win_len.dtype)
 
     def remask(self, win_tokens: torch.Tensor, win_mask: torch.Tensor, mask_id: int) -> None:
-        """Before the commit: the filled slots the grammar rejects become masks again."""
+        """Before the commit: a filled slot the grammar rejects, and the filled slots to its
+        right, become masks again."""
         if self.remask_slot.numel():
             index = (self.remask_sequence, self.remask_slot)
             win_tokens.index_put_(index, win_tokens.new_full((), mask_id))

@@ -770,7 +770,9 @@ class WeDLMModelState(DefaultModelState):
                     and cu_logits[b + 1] > cu_logits[b]
                     and input_batch.req_ids[b] not in walked]
         if taken is None:
-            return (GrammarStep.build([], [], [], [], np.zeros((0, 1), np.int32), self.device,
+            nothing = [None] * num_reqs  # (one commit limit per request: none)
+            return (GrammarStep.build(nothing, nothing, [0] * num_reqs, [0] * num_reqs,
+                                      np.zeros((0, 1), np.int32), self.device,
                                       held_rows=self._rows_of(unwalked, cu_logits))
                     if unwalked else None), unwalked
         index_of = {req_id: i for i, req_id in enumerate(input_batch.req_ids[:num_reqs])}
@@ -787,13 +789,13 @@ class WeDLMModelState(DefaultModelState):
         for i, (req_id, rows) in enumerate(zip(req_ids, batch_rows)):
             b = index_of[req_id]
             slot = int(slots_np[b])
-            decided, rejected, key, ended = (int(v) for v in meta[i, :structured.PLAN_WORDS])
+            plan, key, ended = structured.plan_of(meta[i])
             live = min(int(counts[slot]), rows, width)
             window = windows[slot, :live].tolist()
             if ended or structured.window_key(window + [-1] * (rows - live)) != key:
                 held.append(b)  # (an ended request: its scheduler ends it after the step)
             else:
-                fed[b], plans[b] = window, WindowPlan(decided, rejected)
+                fed[b], plans[b] = window, plan
                 first_rows[b] = first_row
                 mask_row_base[b] = int(cu_logits[b]) + sum(t >= 0 for t in window)
             first_row += rows
@@ -1174,7 +1176,7 @@ class WeDLMSampler:
         )
         win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)
         if grammar is not None:  # every decided slot filled; rejected ones masked again
-            grammar.force_selected(selected)
+            grammar.settle(selected)
             grammar.remask(win_tokens, win_mask, state.mask_token_id)
         if bad_words is not None:  # ... and leave unfilled what completes one with this step
             selected = bw.unfill_bad_words(selected, token, *bad_words)
@@ -1195,18 +1197,24 @@ class WeDLMSampler:
                                  device=logits.device)
         out_len = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
         block_window = take(state.block_window)
-        new_len = torch.where(block_window > 0, 0, live_len).to(torch.int32)
+        # a grammar's walk: at most the slots it validated are committed, and a window whose
+        # fed run a rejected slot cut keeps its W slots (wedlm_kernels.grammar)
+        commit_len = live_len if grammar is None else grammar.cut_windows(
+            live_len, take(state.request_window))
+        commit_limit = None if grammar is None else grammar.commit_limit
+        new_len = torch.where(block_window > 0, 0, commit_len).to(torch.int32)
         wk.commit_window(win_tokens, win_mask, new_len, ctx_len, cu_rows, row_pos,
                          token, selected, out_tokens, out_len, finished, stop_ids, max_new,
-                         state.window, state.mask_token_id, False)
+                         state.window, state.mask_token_id, False, commit_limit)
         # Block-wise requests, one call per block size in the batch (host-side facts).
         windows = state._block_window[step["slots_np"]]
         for window in np.unique(windows[windows > 0]).tolist():
             group = block_window == window
-            group_len = torch.where(group, live_len, 0).to(torch.int32)
+            group_len = torch.where(group, commit_len, 0).to(torch.int32)
             wk.commit_window(win_tokens, win_mask, group_len, ctx_len, cu_rows,
                              row_pos, token, selected, out_tokens, out_len, finished,
-                             stop_ids, max_new, int(window), state.mask_token_id, True)
+                             stop_ids, max_new, int(window), state.mask_token_id, True,
+                             commit_limit)
             new_len = torch.where(group, group_len, new_len)
 
         stepped = live_len > 0

@@ -48,9 +48,10 @@ from wedlm_kernels.output_ids import output_bitmask
 
 logger = init_logger(__name__)
 
-# decided, rejected, window key, ended (1: the request ends, nothing of it is sampled): a
-# mask row holds them from 128 tokens up
+# decided, rejected, window key, flags (ENDED: the request ends, nothing of it is sampled;
+# DEAD_END, GRAMMAR_SLOT: the walk's): a mask row holds them from 128 tokens up
 PLAN_WORDS = 4
+ENDED, DEAD_END, GRAMMAR_SLOT = 1, 2, 4
 
 
 def window_key(window: Sequence[int]) -> int:
@@ -66,7 +67,15 @@ def window_key(window: Sequence[int]) -> int:
 def plan_words(plan: WindowPlan, window: Sequence[int], ended: bool = False) -> list[int]:
     """A request's metadata row's first words: the walk's conclusion, its window's key and
     whether the request ends (then the worker holds it: it samples and commits nothing)."""
-    return [plan.decided, plan.rejected, window_key(window), int(ended)]
+    flags = ENDED * ended | DEAD_END * plan.dead_end | GRAMMAR_SLOT * plan.grammar_slot
+    return [plan.decided, plan.rejected, window_key(window), flags]
+
+
+def plan_of(words: Sequence[int]) -> tuple[WindowPlan, int, bool]:
+    """The worker's reading of :func:`plan_words`: ``(plan, window key, ended)``."""
+    decided, rejected, key, flags = (int(v) for v in words[:PLAN_WORDS])
+    plan = WindowPlan(decided, rejected, bool(flags & DEAD_END), bool(flags & GRAMMAR_SLOT))
+    return plan, key, bool(flags & ENDED)
 
 
 class StructuredWindows:

@@ -737,6 +737,40 @@ MUTATIONS: list[Mutation] = [
         GRAMMAR_TESTS, "min_tokens bans the end a grammar forces: the slot samples a token "
         "the grammar rejects", keyword="min_tokens",
     ),
+    Mutation(
+        "grammar-draft-committed-unvalidated", "model_min/generator.py",
+        (("self.mask_token_id, blockwise, None if grammar is None else grammar.commit_limit,",
+          "self.mask_token_id, blockwise, None,"),),
+        GRAMMAR_TESTS, "commit_window's early finish commits drafts no walk has validated",
+        keyword="rejected_drafts",
+    ),
+    Mutation(
+        "grammar-drafts-right-of-a-rejection-kept", "wedlm_kernels/grammar.py",
+        (("                elif 0 <= rejected <= slot:", "                elif 0 <= rejected == slot:"),),
+        GRAMMAR_TESTS, "only the rejected slot is masked again: the drafts its forward "
+        "conditioned on stay filled", keyword="rejected",
+    ),
+    Mutation(
+        "grammar-window-not-cut", "wedlm_kernels/grammar.py",
+        (("        return (win_len - torch.where(rejected >= 0, excess, 0)).to(win_len.dtype)",
+          "        return win_len"),),
+        GRAMMAR_TESTS, "a rejection inside the fed run leaves the window more than W masks "
+        "after the commit, and its refill grows it further", keyword="rejected",
+    ),
+    Mutation(
+        "grammar-walk-from-a-stale-state", "model_min/generator.py",
+        (("            if new and not request.grammar.accept_tokens(str(request.index), new):",
+          "            if False:"),),
+        GRAMMAR_TESTS, "the committed tokens never reach the grammar: every walk validates "
+        "the window's drafts against the state before them", keyword="rejected_drafts",
+    ),
+    Mutation(
+        "grammar-drafts-kept-where-the-grammar-overrules", "wedlm_kernels/grammar.py",
+        (("        if self._agrees is not None and self.draft_rows.numel():",
+          "        if False:"),),
+        GRAMMAR_TESTS, "drafts past a grammar slot that bans the model's first choice are "
+        "kept", keyword="overrules",
+    ),
     # ------------------------------------------------------------ request parameters
     Mutation(
         "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",
@@ -977,6 +1011,20 @@ VLLM_MUTATIONS += [
 ]
 VLLM_STRUCTURED = ("tests/vllm_plugin/test_vllm_structured.py",)
 VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-draft-committed-unvalidated", VLLM_STATE,
+        (("        commit_limit = None if grammar is None else grammar.commit_limit",
+          "        commit_limit = None"),),
+        VLLM_STRUCTURED, "the plugin's commit takes drafts no walk has validated",
+        keyword="rejected_drafts",
+    ),
+    Mutation(
+        "vllm-walk-flags-dropped", "wedlm_kernels/integrations/vllm/structured.py",
+        (("    flags = ENDED * ended | DEAD_END * plan.dead_end | GRAMMAR_SLOT * plan.grammar_slot",
+          "    flags = ENDED * ended | DEAD_END * plan.dead_end"),),
+        VLLM_STRUCTURED, "the worker never learns of the grammar slot, so it drafts nothing "
+        "where model_min drafts", keyword="rejected_drafts",
+    ),
     Mutation(
         "vllm-grammar-rows-on-the-filled-rows", VLLM_STATE,
         (("                mask_row_base[b] = int(cu_logits[b]) + sum(t >= 0 for t in window)",

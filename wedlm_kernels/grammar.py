@@ -129,7 +129,8 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
         mask.
     bitmask : torch.Tensor
         ``[N, words]`` int32 on the CPU. Row ``first_row + s`` receives slot ``s``'s mask:
-        the grammar's for a decided slot, all ones for the others.
+        the grammar's for a decided mask slot, all ones for the others (a filled slot is
+        checked by the grammar's ``accept_tokens`` alone: one call a slot).
     first_row : int
         The row of slot 0.
     request_id : str
@@ -164,19 +165,20 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
             if grammar.is_terminated():  # the rest is decided and not constrained
                 unconstrained_from = slot
                 break
-            grammar.fill_bitmask(bitmask, row)
-            if output_mask is not None:
-                words = min(rows.shape[1], output_mask.shape[0])
-                rows[row, :words] &= output_mask[:words]
-                rows[row, words:] = 0
-            if token >= 0:  # a filled slot
-                if token_allowed(rows[row], token) and grammar.accept_tokens(
-                        request_id, [token]):
+            if token >= 0:  # a filled slot: the grammar's acceptance decides (its row is
+                rows[row] = ALL_ALLOWED  # not sampled, so the walk computes no mask for it)
+                if (output_mask is None or token_allowed(output_mask, token)) and (
+                        grammar.accept_tokens(request_id, [token])):
                     advanced += 1
                     continue
                 decided = unconstrained_from = slot + 1  # rejected: masked again
                 rejected = slot
                 break
+            grammar.fill_bitmask(bitmask, row)
+            if output_mask is not None:
+                words = min(rows.shape[1], output_mask.shape[0])
+                rows[row, :words] &= output_mask[:words]
+                rows[row, words:] = 0
             allowed = np.bitwise_count(rows[row].view(np.uint32)).sum()
             if allowed == 0:  # no token can fill this slot
                 decided = unconstrained_from = slot

@@ -110,6 +110,26 @@ def test_each_grammar_decodes_valid_outputs_and_model_mins_tokens(engine, refere
 
 
 
+def test_a_grammar_that_accepts_the_free_text_decodes_it_as_free_decoding_does(engine,
+                                                                                reference):
+    """[0-9a-z ]{24} after counting and letters: the served text is free decoding's, in
+    model_min's tokens, forwards and rows, and in free decoding's forwards or one more."""
+    prompts = [list(b"count: 1 2 3 4 5 "), list(b"letters: a b c d e ")]
+    regex = "[0-9a-z ]{24}"
+    free = vllm_generate(engine, prompts, SamplingParams(max_tokens=24, temperature=0))
+    served = SamplingParams(max_tokens=24, temperature=0,
+                            structured_outputs=StructuredOutputsParams(regex=regex))
+    got = vllm_generate(engine, prompts, served)
+    wanted = model_min.SamplingParams(
+        max_new_tokens=24, stop_token_ids=(EOS,), grammar=lambda: backend_of(
+            engine).compile_grammar(StructuredOutputOptions.REGEX, regex,
+                                    stop_token_ids={EOS}))
+    assert got == reference_generate(reference, prompts, wanted)
+    for (tokens, forwards, _), (free_tokens, free_forwards, _) in zip(got, free):
+        assert re.fullmatch(regex, text(free_tokens))  # the premise
+        assert tokens == free_tokens and free_forwards <= forwards <= free_forwards + 1
+
+
 @pytest.mark.parametrize("max_tokens", [8, 9, 30])
 def test_rejected_drafts_are_never_committed_and_decode_as_in_model_min(engine, reference,
                                                                          max_tokens):

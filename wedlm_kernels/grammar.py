@@ -62,7 +62,8 @@ INT32_MAX = 2**31 - 1  # a commit limit that limits nothing
 
 
 class Grammar(Protocol):
-    """What :func:`plan_window` needs of a grammar (vLLM's ``StructuredOutputGrammar``)."""
+    """What :func:`plan_window` needs of a grammar (vLLM's ``StructuredOutputGrammar``; its
+    ``validate_tokens``, when a grammar has it, checks a draft before it is accepted)."""
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool: ...
 
@@ -71,6 +72,16 @@ class Grammar(Protocol):
     def fill_bitmask(self, bitmask: torch.Tensor, index: int) -> None: ...
 
     def is_terminated(self) -> bool: ...
+
+
+def _accepts(grammar: Grammar, request_id: str, token: int) -> bool:
+    """Advance ``grammar`` by a filled slot's token if it accepts it. A grammar with vLLM's
+    ``validate_tokens`` checks it first, without advancing: vLLM's ``accept_tokens`` logs a
+    refusal as an error ("Please file an issue"), while a rejected draft is expected."""
+    validate = getattr(grammar, "validate_tokens", None)
+    if validate is not None and not validate([token]):
+        return False
+    return grammar.accept_tokens(request_id, [token])
 
 
 def token_allowed(row: np.ndarray, token: int) -> bool:
@@ -130,7 +141,8 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
     bitmask : torch.Tensor
         ``[N, words]`` int32 on the CPU. Row ``first_row + s`` receives slot ``s``'s mask:
         the grammar's for a decided mask slot, all ones for the others (a filled slot is
-        checked by the grammar's ``accept_tokens`` alone: one call a slot).
+        checked by the grammar's ``validate_tokens``, when it has one, and
+        ``accept_tokens``: no mask is computed for it).
     first_row : int
         The row of slot 0.
     request_id : str
@@ -168,7 +180,7 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
             if token >= 0:  # a filled slot: the grammar's acceptance decides (its row is
                 rows[row] = ALL_ALLOWED  # not sampled, so the walk computes no mask for it)
                 if (output_mask is None or token_allowed(output_mask, token)) and (
-                        grammar.accept_tokens(request_id, [token])):
+                        _accepts(grammar, request_id, token)):
                     advanced += 1
                     continue
                 decided = unconstrained_from = slot + 1  # rejected: masked again

@@ -130,6 +130,68 @@ def test_a_grammar_that_accepts_the_free_text_decodes_it_as_free_decoding_does(e
         assert tokens == free_tokens and free_forwards <= forwards <= free_forwards + 1
 
 
+STRUCTURAL_TAG = {"type": "structural_tag", "format": {
+    "type": "tag", "begin": "<p>", "content": {"type": "regex", "pattern": REGEX},
+    "end": "</p>"}}
+
+
+@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+def test_a_structural_tag_decodes_valid_outputs_and_model_mins_tokens(engine, reference,
+                                                                      seed):
+    """``structural_tag`` (what tool-calling formats send): a tag around a regex, every
+    output the tag and a match, in model_min's tokens, forwards and rows."""
+    spec = json.dumps(STRUCTURAL_TAG)
+    sampling = {"temperature": 0.8, "seed": seed} if seed is not None else {"temperature": 0}
+    served = SamplingParams(max_tokens=40, **sampling,
+                            structured_outputs=StructuredOutputsParams(structural_tag=spec))
+    got = vllm_generate(engine, PROMPTS, served)
+    wanted = model_min.SamplingParams(
+        max_new_tokens=40, stop_token_ids=(EOS,), **sampling, grammar=lambda: backend_of(
+            engine).compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG, spec,
+                                    stop_token_ids={EOS}))
+    assert got == reference_generate(reference, PROMPTS, wanted)
+    for tokens, _, _ in got:
+        assert tokens[-1] == EOS and re.fullmatch(
+            f"<p>{REGEX}</p>", text(tokens[:-1])), text(tokens)
+
+
+def test_structured_requests_resume_their_window_after_preemption_as_alone(engines,
+                                                                          reference):
+    """Structured requests in a cache too small for them all (64-token texts under a regex,
+    and JSON): vLLM preempts and resumes them (a resumed window is held one step and walked
+    again); each decodes, valid, the tokens and forwards it decodes alone in model_min."""
+    count, long_regex = 10, "[0-9a-z ]{64}"
+    prompts = [(PROMPTS[i % 4] * 40)[: 60 + (i * 13) % 50] for i in range(count)]
+    seeds = [None if i % 2 else 40 + i for i in range(count)]
+
+    def request(i, engine):
+        if i % 3 == 2:
+            return both(engine, "json", seeds[i])
+        sampling = {"temperature": 0.8, "seed": seeds[i]} if seeds[i] else {"temperature": 0}
+        return (SamplingParams(max_tokens=64, **sampling,
+                               structured_outputs=StructuredOutputsParams(regex=long_regex)),
+                model_min.SamplingParams(
+                    max_new_tokens=64, stop_token_ids=(EOS,), **sampling,
+                    grammar=lambda: backend_of(engine).compile_grammar(
+                        StructuredOutputOptions.REGEX, long_regex, stop_token_ids={EOS})))
+
+    with engines.own(num_gpu_blocks_override=10) as llm:
+        requests = [request(i, llm) for i in range(count)]
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               [served for served, _ in requests], use_tqdm=False)
+        stats = request_stats(llm, [o.request_id for o in outputs])
+        restarts = [stats[o.request_id]["restarts"] for o in outputs]
+        assert sum(map(len, restarts)) >= 4, f"{restarts}: the test needs a smaller cache"
+        for i, output in enumerate(outputs):
+            tokens = list(output.outputs[0].token_ids)
+            if i % 3 == 2:
+                assert tokens[-1] == EOS and valid("json", text(tokens[:-1])), text(tokens)
+            else:
+                assert re.fullmatch(long_regex, text(tokens)), text(tokens)
+            alone = reference_generate(reference, [prompts[i]], requests[i][1])[0]
+            assert (tokens, stats[output.request_id]["forwards"]) == alone[:2]
+
+
 @pytest.mark.parametrize("max_tokens", [8, 9, 30])
 def test_rejected_drafts_are_never_committed_and_decode_as_in_model_min(engine, reference,
                                                                          max_tokens):

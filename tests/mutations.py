@@ -160,7 +160,7 @@ MUTATIONS: list[Mutation] = [
         (("top_p * total, low_key, max_key, row_ptr",
           "top_p * total * (1 + 2**-20), low_key, max_key, row_ptr"),),
         SELECT_KERNEL_TESTS, "the top-p search keeps a token whose mass above equals top_p",
-        keyword="mass_above_equals_top_p",
+        keyword="mass_above_equals_top_p_exactly[4]",  # (the case holding such a token)
     ),
     Mutation(
         "select-kernel-greedy-tile-tie-later-wins", SELECT,
@@ -225,21 +225,21 @@ MUTATIONS: list[Mutation] = [
         "select-kernel-nan-row-trusts-the-scan-mass", SELECT,
         (("use_list = bound_holds & (row_mass == row_mass)", "use_list = bound_holds"),),
         SELECT_KERNEL_TESTS, "a top-p row holding a NaN searches its candidates with a NaN mass",
-        keyword="filter_path",
+        keyword="filter_path and NaN",
     ),
     Mutation(
         "select-kernel-checked-draw-not-checked", SELECT,
         (("first = tl.min(tl.where(kept, tl.arange(0, 4), 4))",
           "first = tl.min(tl.where(drawn, tl.arange(0, 4), 4))"),),
         SELECT_KERNEL_TESTS, "top-p alone takes the scan's best draw without its top-p check",
-        keyword="filter_path",
+        keyword="filter_path and draws",
     ),
     Mutation(
         "select-kernel-checked-mass-counts-one-split", SELECT,
         (("                    above += tl.load(mass_above_ptr + (row * num_splits + other) * 4",
           "                    above = tl.load(mass_above_ptr + (row * num_splits + other) * 4"),),
         SELECT_KERNEL_TESTS, "the last program checks the draws against one split's mass",
-        keyword="filter_path",
+        keyword="filter_path and flat",
     ),
     Mutation(
         "select-kernel-philox-words-out-of-order", SELECT,
@@ -398,12 +398,14 @@ MUTATIONS: list[Mutation] = [
         (("sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)  # keys of the last row",
           "sequence_keys = capacity  # keys of the last row"),),
         ATTENTION_KERNEL_TESTS, "the attention kernel and the combine chunk the keys differently",
+        keyword="kernel_matches_reference_and_pytorch or packed_rows_of_uneven",
     ),
     Mutation(
         "attention-schedule-small-tiles-for-any-few-programs", ATTENTION,
         (("if decode and programs * most_splits < SPLIT_TARGET_WAVES * multiprocessors:",
           "if decode and programs < multiprocessors:"),),
         ATTENTION_KERNEL_TESTS, "16-pair tiles for long contexts (each reads all the keys)",
+        keyword="sequence_pairs_stay_in_one_tile",
     ),
     Mutation(
         "attention-schedule-counts-padding-tiles", ATTENTION,
@@ -412,6 +414,7 @@ MUTATIONS: list[Mutation] = [
           "programs = kv_heads * query_tiles(num_rows, batch, group, config.block_m)\n"
           "    most_splits"),),
         ATTENTION_KERNEL_TESTS, "the split count counts tiles that hold no rows",
+        keyword="decode_steps_average",
     ),
     # ------------------------------------------------------------ reorder_window
     Mutation(
@@ -1403,7 +1406,8 @@ def failing_tests(output: str) -> list[str]:
     """The tests that failed or errored, as pytest reports them; for a run that crashed,
     the test that was running (from the traceback Python's faulthandler prints). Collection
     errors are not counted: they say the run broke, not that a test caught the bug."""
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", output, flags=re.MULTILINE)
+    # (a parametrised id may hold spaces: it ends at pytest's " - " before the message)
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+::.+?)(?: - |$)", output, flags=re.MULTILINE)
     if failed:
         return failed
     frames = re.findall(r'File "[^"]*?(tests/test_\w+\.py)", line \d+ in (test_\w+)', output)
@@ -1501,6 +1505,9 @@ def main(argv: list[str] | None = None) -> int:
             killer = outcome.failing[0] if outcome.failing else outcome.detail
             print(f"{outcome.status:9} {outcome.seconds:6.1f} s  {mutation.name:45} {killer}",
                   flush=True)
+            if options.no_stop:  # every test that kills it, for narrowing a slow mutation
+                for other in outcome.failing[1:]:
+                    print(f"{'':64} {other}", flush=True)
             return outcome
 
         with ThreadPoolExecutor(jobs) as pool:

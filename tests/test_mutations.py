@@ -3,6 +3,7 @@ tells a killed mutation from a surviving one. (Running every mutation, ``make mu
 takes about three minutes on two cores; ``.ci/run`` runs it after the suite.)"""
 
 import ast
+import re
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -71,16 +72,34 @@ def test_mutation_names_are_unique_and_their_tests_exist():
         assert mutation.tests and mutation.bug, mutation.name
         for test in mutation.tests:
             assert (ROOT / test.split("::")[0]).is_file(), (mutation.name, test)
-    # a keyword (a plain substring, as `pytest -k` matches it) selects at least one test
-    # (the vLLM plugin's tests are collected only where vLLM is installed)
+    # a keyword (an expression of substrings joined by and, or, not, as `pytest -k` reads
+    # it) selects at least one test (the vLLM plugin's tests are collected only where vLLM
+    # is installed)
     narrowed = [m for m in MUTATIONS + (VLLM_MUTATIONS if HAS_VLLM else []) if m.keyword]
     items = _collected_items(sorted({test for m in narrowed for test in m.tests}))
     for mutation in narrowed:
         assert any(
             item.split("::")[0] in mutation.tests
-            and mutation.keyword.lower() in item.split("::")[-1].lower()
+            and _selects(mutation.keyword, item.split("::")[-1])
             for item in items
         ), mutation.name
+
+
+def _selects(keyword: str, name: str) -> bool:
+    """Whether ``pytest -k keyword`` selects a test of this name (its parametrised id
+    included): each word is a case-insensitive substring of the name."""
+    words = re.findall(r"\(|\)|[^\s()]+", keyword)
+    python = " ".join(word if word in ("(", ")", "and", "or", "not")
+                      else str(word.lower() in name.lower()) for word in words)
+    return eval(python)  # noqa: S307 - True, False, and, or, not and parentheses only
+
+
+def test_a_keyword_expression_selects_as_pytest_k_does():
+    name = "test_each_filter_path[top-p alone, NaN in the row]"
+    assert _selects("filter_path and NaN", name) and _selects("nan", name)
+    assert not _selects("filter_path and flat", name)
+    assert _selects("flat or (filter_path and not draws)", name)
+    assert _selects("exactly[4]", "test_mass_above_equals_top_p_exactly[4]")
 
 
 def test_mutations_span_every_op_in_both_paths_the_reference_decoder_and_model_min():

@@ -114,6 +114,7 @@ SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among 
 EOS = 256  # the tiny model's (config.json, generation_config.json, the tokenizer)
 GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
         for field, values in VALUES.items() for value in values]
+GOOD_REQUEST_GRID = GRID[:len(GRID) // 2]  # the values on the good request alone
 
 
 def vllm_request(draw: dict, vllm_sampling_params):
@@ -159,14 +160,34 @@ class Served:
 class ModelMinDecoder:
     """The draw as model_min takes it: the window is a Generator's, the mode a generate
     argument, the rest SamplingParams; ``max_tokens`` means what vLLM makes of it (at most
-    the room ``max_model_len`` leaves, which is also what None means there)."""
+    the room ``max_model_len`` leaves, which is also what None means there).
+
+    Verdicts are kept for the whole session, per model, by the draw as model_min decodes it
+    (its ``max_tokens`` resolved against the room): the in-process fuzz and the one over
+    HTTP send the same draws with different contexts, and model_min decodes each such
+    request once (a decode of one request alone depends on nothing else)."""
 
     def __init__(self, model, max_model_len: int) -> None:
         self.model = model
         self.max_model_len = max_model_len
-        self.generators: dict[tuple, model_min.Generator] = {}
+        self.generators = _GENERATORS.setdefault(id(model), {})
+        self.verdicts = _VERDICTS.setdefault(id(model), {})
 
     def decode(self, draw: dict) -> Refused | Served:
+        prompt = draw.get("prompt", PROMPT)
+        room = self.max_model_len - len(prompt) if isinstance(prompt, list) else None
+        wanted = draw.get("max_tokens", BASE["max_tokens"])
+        resolved = dict(draw)
+        # (min_tokens is checked against the max_tokens asked for: then nothing is shared)
+        if room is not None and "min_tokens" not in draw and (
+                wanted is None or (type(wanted) is int and room < wanted <= rp.INT32_MAX)):
+            resolved["max_tokens"] = ("room", room)  # what model_min decodes for either
+        key = repr(sorted(resolved.items()))  # (True and 1 differ in a repr: both kept)
+        if key not in self.verdicts:
+            self.verdicts[key] = self._decode(draw)
+        return self.verdicts[key]
+
+    def _decode(self, draw: dict) -> Refused | Served:
         fields = {"ignore_eos": True, **BASE, **draw}
         prompt = fields.get("prompt", PROMPT)
         room = self.max_model_len - len(prompt)
@@ -209,6 +230,10 @@ class ModelMinDecoder:
         return Served(result.token_ids, result.forwards,
                       params.temperature == 0 or params.seed is not None,
                       result.finish_reason == "error")
+
+
+_GENERATORS: dict[int, dict[tuple, model_min.Generator]] = {}
+_VERDICTS: dict[int, dict[str, Refused | Served]] = {}
 
 
 def xgrammar_backend():

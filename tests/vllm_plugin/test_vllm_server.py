@@ -27,6 +27,7 @@ import model_min
 
 from .conftest import TINY, WINDOW, cache_blocks
 from .fuzz_values import (
+    GOOD_REQUEST_GRID,
     GRID,
     WEDLM_FIELDS,
     ModelMinDecoder,
@@ -592,7 +593,9 @@ def test_no_chat_request_stops_the_server_and_each_is_refused_by_name_or_served(
             return field, error.status_code, str(error)
         return field, 200, response.choices[0].message.content
 
-    draws = [(field, draw) for field, draw in GRID if field != "prompt"]
+    # (on the good request: the completions fuzz also sends each value on a seeded sampled
+    # one, through the same fields of vLLM's request models)
+    draws = [(field, draw) for field, draw in GOOD_REQUEST_GRID if field != "prompt"]
     with ThreadPoolExecutor(max_workers=8) as clients:
         answers = list(clients.map(chat, draws))
     for (field, draw), (_, status, answer) in zip(draws, answers):

@@ -514,7 +514,7 @@ def test_a_qwen3_06b_shaped_random_model_decodes_valid_json_only_through_the_gra
     samplings = [{"temperature": 0}, {"temperature": 0.8, "seed": 3}]  # one of each
     with engines.own(checkpoint, max_model_len=512, max_num_batched_tokens=128) as llm:
         free = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
+                            SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
         for output in free:  # noise: not JSON
             with pytest.raises(ValueError):
                 json.loads(output.outputs[0].text)
@@ -535,12 +535,12 @@ def test_a_qwen3_06b_shaped_random_model_decodes_valid_json_only_through_the_gra
             body = llm.get_tokenizer().decode(result.token_ids[:-1])
             assert valid("json", body), body
         # the worst case of drafts (noise: the grammar overrules nearly every first choice)
-        # is no slower than decoding without them
-        undrafted = model_min.Generator(model, window=WINDOW, max_batch=len(prompts),
-                                        grammar_drafts=False).generate(prompts, [
+        # is no slower than decoding without them (the greedy request: a forward of this
+        # vocabulary is seconds on a CPU)
+        [undrafted] = model_min.Generator(model, window=WINDOW, max_batch=1,
+                                          grammar_drafts=False).generate(prompts[:1], [
             model_min.SamplingParams(
-                max_new_tokens=120, stop_token_ids=(EOS_06B,), **sampling,
+                max_new_tokens=120, stop_token_ids=(EOS_06B,), **samplings[0],
                 grammar=lambda: backend.compile_grammar(
-                    StructuredOutputOptions.JSON, schema, stop_token_ids={EOS_06B}))
-            for sampling in samplings])
-        assert sum(r.forwards for r in want) <= sum(r.forwards for r in undrafted)
+                    StructuredOutputOptions.JSON, schema, stop_token_ids={EOS_06B}))])
+        assert want[0].forwards <= undrafted.forwards

@@ -177,12 +177,14 @@ class ModelMinDecoder:
         prompt = draw.get("prompt", PROMPT)
         room = self.max_model_len - len(prompt) if isinstance(prompt, list) else None
         wanted = draw.get("max_tokens", BASE["max_tokens"])
-        resolved = dict(draw)
+        resolved, context = dict(draw), self.max_model_len
         # (min_tokens is checked against the max_tokens asked for: then nothing is shared)
         if room is not None and "min_tokens" not in draw and (
-                wanted is None or (type(wanted) is int and room < wanted <= rp.INT32_MAX)):
-            resolved["max_tokens"] = ("room", room)  # what model_min decodes for either
-        key = repr(sorted(resolved.items()))  # (True and 1 differ in a repr: both kept)
+                wanted is None or (type(wanted) is int and 1 <= wanted <= rp.INT32_MAX)):
+            resolved["max_tokens"] = room if wanted is None else min(wanted, room)
+            context = None  # the tokens model_min decodes, whatever the context
+        # (a repr tells True from 1, and 2.0 from 2)
+        key = repr((sorted(resolved.items()), context))
         if key not in self.verdicts:
             self.verdicts[key] = self._decode(draw)
         return self.verdicts[key]

@@ -1214,7 +1214,7 @@ VLLM_DIST_MUTATIONS = [
           "        self.window_from_drafts = False\n"),),
         (VLLM_PIPELINE,), "with pipeline parallelism the first stage feeds its own window "
         "buffers, which only the last stage's sampler moves: its canvas keeps the window "
-        "the request was admitted with", keyword="greedy_seeded_and_blockwise",
+        "the request was admitted with", keyword="pp2_decodes_model_min_tokens_greedy",
     ),
     Mutation(
         "vllm-stats-from-a-stage-without-counts", "wedlm_kernels/integrations/vllm/__init__.py",
@@ -1222,7 +1222,7 @@ VLLM_DIST_MUTATIONS = [
           "    return worker.model_runner.model_state\n"),),
         (VLLM_PIPELINE,), "request_stats and row_stats answer from the first pipeline "
         "stage, whose sampler never runs: its counts stay 0",
-        keyword="greedy_seeded_and_blockwise",
+        keyword="pp2_decodes_model_min_tokens_greedy",
     ),
 ]
 MUTATION_SETS = {"kernels": MUTATIONS, "vllm": VLLM_MUTATIONS,

@@ -28,7 +28,6 @@ import model_min
 from .conftest import TINY, WINDOW, cache_blocks
 from .fuzz_values import (
     GOOD_REQUEST_GRID,
-    GRID,
     WEDLM_FIELDS,
     ModelMinDecoder,
     Refused,
@@ -531,10 +530,13 @@ def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_mo
     decoder = ModelMinDecoder(model, MAX_MODEL_LEN)
     good = send(client, server, {})
     streams = open_streams(server, STREAM_PROMPTS[:4], max_tokens=64)  # open meanwhile
+    # (each value on the good request: over HTTP the server reads each field as it reads it
+    # on a sampled one, and the in-process fuzz serves both bases against model_min)
     with ThreadPoolExecutor(max_workers=8) as clients:
-        answers = list(clients.map(lambda entry: send(client, server, entry[1]), GRID))
+        answers = list(clients.map(lambda entry: send(client, server, entry[1]),
+                                   GOOD_REQUEST_GRID))
     counts = {}
-    for (field, draw), (status, answer) in zip(GRID, answers):
+    for (field, draw), (status, answer) in zip(GOOD_REQUEST_GRID, answers):
         counts[status] = counts.get(status, 0) + 1
         if vllm_fails_on(draw):
             assert status in (0, 500), (draw, answer)
@@ -565,7 +567,7 @@ def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_mo
         pass
     status, after = send(client, server, {})
     assert status == 200 and after["choices"] == good[1]["choices"]
-    assert counts.get(400, 0) > 200 and counts.get(200, 0) > 100, counts
+    assert counts.get(400, 0) > 150 and counts.get(200, 0) > 100, counts
 
 
 def test_no_chat_request_stops_the_server_and_each_is_refused_by_name_or_served(

@@ -71,9 +71,9 @@ lint: $(STAMP)
 VERSION_TESTS := tests/test_philox.py $(wildcard tests/test_*_kernel.py) \
 	tests/test_select_tokens.py tests/test_paged_attention.py tests/test_reorder_window.py \
 	tests/test_rope_kv_append.py tests/test_commit_window.py tests/test_silu_mul.py
-# The select kernel's exhaustive filter-path cases and its sampling-frequency test (about
-# half of a version job's time in the interpreter) run once, in make test; here each kernel
-# path still runs through the random-batch, tie, split and NaN cases.
+# The select kernel's exhaustive filter-path cases (about half of a version job's time in
+# the interpreter) and its sampling-frequency test (16 of the 150 s left) run once, in make
+# test; here each kernel path still runs through the random-batch, tie, split and NaN cases.
 VERSION_SELECTION := -k "not each_filter_path_keeps and not mass_above_equals_top_p_exactly \
 	and not sampled_tokens_follow_the_filtered_softmax"
 # The venvs (venv-latest, venv-oldest: torch and the package's test dependencies, resolved

@@ -112,9 +112,9 @@ SAME_NAMES = ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "presen
 # ignores top_k and top_p, so their bounds only show when sampling): ``(field, draw)``.
 SAMPLED = {"temperature": 0.8, "seed": 5, "ignore_eos": False}  # and eos among the stop ids
 EOS = 256  # the tiny model's (config.json, generation_config.json, the tokenizer)
-GRID = [(field, {**base, field: value}) for base in ({}, SAMPLED)
-        for field, values in VALUES.items() for value in values]
-GOOD_REQUEST_GRID = GRID[:len(GRID) // 2]  # the values on the good request alone
+GOOD_REQUEST_GRID = [(field, {field: value}) for field, values in VALUES.items()
+                     for value in values]
+GRID = GOOD_REQUEST_GRID + [(field, {**SAMPLED, **draw}) for field, draw in GOOD_REQUEST_GRID]
 
 
 def vllm_request(draw: dict, vllm_sampling_params):

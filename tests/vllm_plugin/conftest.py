@@ -8,7 +8,9 @@ its ``max_num_seqs`` sequences at ``max_model_len`` (``cache_blocks``, unless a 
 it on purpose): vLLM would otherwise zero the whole ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB),
 about 6 s of every start on these machines. Model Runner V2's own Triton kernels run in
 Triton's interpreter, through the test-only "cpu" backend of
-``tests/vllm_plugin/triton_cpu_backend``. Every test runs under an alarm, so a hang fails it.
+``tests/vllm_plugin/triton_cpu_backend``, except its per-step bookkeeping kernels, which that
+package replaces with host ports (``ported_kernels.py``, checked by
+``test_vllm_kernel_ports.py``). Every test runs under an alarm, so a hang fails it.
 """
 
 import contextlib

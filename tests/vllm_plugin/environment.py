@@ -10,4 +10,7 @@ ENGINE_ENVIRONMENT = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
     "TOKENIZERS_PARALLELISM": "false",
+    # Model Runner V2's bookkeeping kernels as host ports, not interpreted (a vLLM plugin
+    # of triton_cpu_backend: wedlm_test_triton_cpu/ported_kernels.py)
+    "WEDLM_TEST_PORTED_KERNELS": "1",
 }

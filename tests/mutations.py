@@ -131,6 +131,21 @@ MUTATIONS: list[Mutation] = [
         SELECT_TESTS, "top-k drops the k-th largest value and its ties",
     ),
     Mutation(
+        "select-host-nan-temperature-greedy", SELECT,
+        (("sampling = (~(temperature <= 0)).nonzero()", "sampling = (temperature > 0).nonzero()"),),
+        ("tests/test_select_tokens.py",),
+        "on CPU tensors a NaN temperature takes the greedy token (the device path samples it)",
+        keyword="host_and_device_token_paths",
+    ),
+    Mutation(
+        "select-host-skips-top-p", SELECT,
+        (("if bool(top_k_on.any()) or not bool((rows_top_p >= 1).all()):",
+          "if bool(top_k_on.any()):"),),
+        ("tests/test_select_tokens.py",),
+        "on CPU tensors rows with top-p alone are sampled unfiltered",
+        keyword="host_and_device_token_paths",
+    ),
+    Mutation(
         "select-torch-tempered-top-p", SELECT,
         (("sorted_weight = torch.exp(sorted_kept - safe_max)",
           "sorted_weight = torch.exp((sorted_kept - safe_max) / temperature.unsqueeze(-1))"),),

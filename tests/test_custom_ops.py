@@ -201,7 +201,9 @@ def test_pytorch_implementation_traces_without_host_sync(name):
     """Dynamo traces the op body itself: `.item()`, `.tolist()`, `nonzero`, boolean-mask
     indexing or a Python branch on a tensor value would break the graph and fail here.
     paged_attention's PyTorch path loops over sequences on CPU tensors by design (free on
-    a CPU); its path for every other device is the one traced."""
+    a CPU); its path for every other device is the one traced. select_tokens samples only
+    the sampling rows of CPU tensors, eagerly; compiled, it takes the device path, so this
+    also compares the two."""
     module, _ = wk._library.OPS[name]
     impl = SYNC_FREE_PATHS.get(name) or getattr(module, f"{name}_torch")
     _, make_args = CASES[name]

@@ -433,12 +433,14 @@ def test_row_buckets_hold_the_live_rows_with_less_than_an_eighth_of_padding():
 def test_decode_step_never_reads_tensor_values_on_the_host(tiny, mode, logprobs,
                                                           monkeypatch):
     """No tensor value reaches the host inside a decode step (with logprobs: a top-K
-    request, one naming tokens and a plain one in a batch). The attention of CPU tensors
-    loops over sequences on the host by design (paged_attention_torch_per_sequence: free on
-    a CPU); here it is the static-shape path CUDA tensors take with the PyTorch backend."""
+    request, one naming tokens and a plain one in a batch). On CPU tensors the attention
+    loops over sequences and select_tokens samples only the sampling rows, on the host by
+    design (paged_attention_torch_per_sequence, _tokens_on_the_host: free on a CPU); here
+    both take the static-shape paths CUDA tensors take with the PyTorch backend."""
     _, model = tiny
     monkeypatch.setattr(attention_ops, "paged_attention_torch_per_sequence",
                         attention_ops.paged_attention_torch_gathered)
+    monkeypatch.setattr(select_ops, "_tokens_on_the_host", select_ops._tokens_on_the_device)
     generator = Generator(model, window=4, page_size=4, max_batch=4)
     step = generator._step
     inside = []

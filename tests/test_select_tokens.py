@@ -125,6 +125,36 @@ def test_matches_reference_on_random_batches(data):
         assert token[r] == 0 and not selected[r] and entropy[r] == 0, r
 
 
+@pytest.mark.parametrize("case_seed", range(40))
+def test_the_host_and_device_token_paths_give_the_same_tokens(case_seed):
+    """On CPU tensors select_tokens samples only the rows that sample, and sorts only where
+    one of them filters; the device path samples every row, with no host read. Same rows,
+    same tokens: all-greedy batches, rows without filters, NaN and infinite temperatures,
+    NaN top-p, -inf entries and ties included."""
+    from wedlm_kernels.ops.select import _tokens_on_the_device, _tokens_on_the_host
+
+    g = torch.Generator().manual_seed(case_seed)
+    rows = int(torch.randint(0, 7, (), generator=g))
+    vocab = [1, 7, 300, 2048][case_seed % 4]
+
+    def pick(options):
+        return torch.tensor([options[i] for i in torch.randint(0, len(options), (rows,),
+                                                               generator=g).tolist()])
+
+    greedy_only = case_seed % 5 == 0
+    x = torch.randn(rows, vocab, generator=g).mul(3).round()  # rounded: ties
+    x[torch.rand(rows, vocab, generator=g) < 0.1] = -INF
+    temperature = pick([0.0, -1.0] if greedy_only else [0.0, -1.0, 0.5, 1.0, 2.5, INF, NAN])
+    unfiltered = case_seed % 3 == 0
+    top_k = pick([0] if unfiltered else [0, -1, 1, 3, vocab, vocab + 2]).long()
+    top_p = pick([1.0, 1.5] if unfiltered else [1.0, 1.5, 0.5, 0.0, NAN]).float()
+    seed = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=g)
+    position = torch.randint(0, 2**40, (rows,), generator=g)
+    greedy = torch.argmax(x, dim=-1) if vocab else torch.zeros(rows, dtype=torch.long)
+    args = (x, greedy, temperature.float(), top_k, top_p, seed, position)
+    assert torch.equal(_tokens_on_the_host(*args), _tokens_on_the_device(*args))
+
+
 # the smallest vocabulary; top-k 1 on ties (several entries at the maximum); a top-k on a
 # tie group with top-p about to cut it; top-p so small only the maximum's tie group stays
 @given(

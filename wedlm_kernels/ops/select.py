@@ -205,6 +205,55 @@ def _sample(
     return torch.argmax(scores, dim=-1)
 
 
+def _tokens_on_the_device(
+    x: torch.Tensor,
+    greedy_token: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's token (``greedy_token`` where ``temperature <= 0``, else its sample), with
+    no host read and no shape that depends on the values: every row is sampled, and the
+    greedy ones take their argmax instead (CUDA graphs, ``torch.compile``)."""
+    gumbel = philox_gumbel(seed, position, x.shape[-1])
+    sampling_temperature = torch.where(temperature <= 0, 1.0, temperature)
+    sampled_token = _sample(x, sampling_temperature, top_k, top_p, gumbel)
+    return torch.where(temperature <= 0, greedy_token, sampled_token)
+
+
+def _tokens_on_the_host(
+    x: torch.Tensor,
+    greedy_token: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`_tokens_on_the_device` for CPU tensors, where reading a value costs no device
+    wait: the Philox noise, the sort and the top-p scan run only for the rows that sample,
+    and the sort only when one of them filters. Each row's token depends on that row alone,
+    so the tokens are the same (``test_select_tokens.py`` compares the two). On a vocabulary
+    of 151936 entries the work skipped is most of a decode step's time on a CPU."""
+    sampling = (~(temperature <= 0)).nonzero().squeeze(-1)  # (a NaN temperature samples)
+    if sampling.numel() == 0:
+        return greedy_token
+    token = greedy_token.clone()
+    rows = x[sampling]
+    gumbel = philox_gumbel(seed[sampling], position[sampling], x.shape[-1])
+    rows_top_k, rows_top_p = top_k[sampling], top_p[sampling]
+    top_k_on = (rows_top_k > 0) & (rows_top_k < x.shape[-1])
+    if bool(top_k_on.any()) or not bool((rows_top_p >= 1).all()):
+        token[sampling] = _sample(rows, temperature[sampling], rows_top_k, rows_top_p, gumbel)
+    else:  # kept_tokens keeps every entry of these rows
+        scores = rows / temperature[sampling].unsqueeze(-1) + gumbel
+        scores = torch.where(torch.isnan(scores), float("-inf"), scores)
+        token[sampling] = torch.argmax(scores, dim=-1)
+    return token
+
+
 def _per_sequence_min(
     values: torch.Tensor, sequence: torch.Tensor, num_sequences: int, fill: float | int
 ) -> torch.Tensor:
@@ -253,10 +302,10 @@ def select_tokens_torch(
     # Token: NaN logits count as -inf; greedy is the first index of the maximum.
     x = torch.where(torch.isnan(x), float("-inf"), x)
     greedy_token = torch.argmax(x, dim=-1)
-    gumbel = philox_gumbel(row_seed, row_pos, vocab_size)
-    sampling_temperature = torch.where(row_temperature <= 0, 1.0, row_temperature)
-    sampled_token = _sample(x, sampling_temperature, row_top_k, row_top_p, gumbel)
-    token = torch.where(row_temperature <= 0, greedy_token, sampled_token)
+    # (torch.compile traces the path without host reads, whatever the device)
+    on_the_host = device.type == "cpu" and not torch.compiler.is_compiling()
+    tokens = _tokens_on_the_host if on_the_host else _tokens_on_the_device
+    token = tokens(x, greedy_token, row_temperature, row_top_k, row_top_p, row_seed, row_pos)
 
     # Adjusted entropy: penalty * distance from the smallest valid row_pos of the sequence.
     min_pos = _per_sequence_min(row_pos, sequence, num_seqs, torch.iinfo(torch.int64).max)

@@ -208,8 +208,8 @@ test-vllm-engine: $(VLLM_BACKEND_STAMP) $(EVAL_STAMP)
 # serving past one engine (docs/vllm.md, "Serving past one machine"): pipeline parallelism
 # (two engines of two worker processes), data parallelism (a DP=2 server, two independent
 # servers) and Ray (the Ray executor at TP=2 and PP=2, and DP=2 on Ray, on a two-node local
-# Ray cluster), marker "distributed"; about 6.5 minutes on two idle cores (PP 125 s, DP
-# 155 s, Ray 90 s)
+# Ray cluster), marker "distributed"; 346 s on two cores beside the plugin's other tests,
+# 552 s in .ci/run beside its other chains
 test-vllm-dist: $(VLLM_BACKEND_STAMP)
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm_plugin -m distributed $(PYTEST_ARGS)
 

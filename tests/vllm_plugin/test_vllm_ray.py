@@ -54,13 +54,53 @@ def ray_cluster():
             # worker processes of vLLM's own executor do.
             "RAY_worker_niceness": "0"})
 
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        node(cpus[0]), include_dashboard=False), shutdown_at_exit=True)
+    cluster = start_cluster(dict(node(cpus[0]), include_dashboard=False),
+                            dict(node(cpus[1]), node_ip_address=WORKER_NODE_IP))
     try:
-        cluster.add_node(node_ip_address=WORKER_NODE_IP, **node(cpus[1]))
         yield cluster.address
     finally:
         cluster.shutdown()
+
+
+STARTS = 3
+
+
+def start_cluster(head: dict, worker: dict) -> Cluster:
+    """The two nodes, started again (up to STARTS times) where a node does not come up in
+    time: a raylet waits about 15 s for its dashboard agent, a Python process whose imports
+    took longer than that on CI's two cores busy with the other chains (the raylet then
+    exits, and Ray reports "The current node timed out during startup"). Before another
+    start, the processes of the failed one (this process's Ray children) are stopped."""
+    for attempt in range(1, STARTS + 1):
+        cluster = Cluster(shutdown_at_exit=True)
+        try:
+            cluster.add_node(**head)
+            cluster.add_node(**worker)
+            return cluster
+        except Exception as error:  # Ray raises a plain Exception for it
+            if "timed out during startup" not in str(error) or attempt == STARTS:
+                raise
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+            stop_ray_children()
+    raise AssertionError("unreachable")
+
+
+def stop_ray_children() -> None:
+    """Kill this process's Ray processes (GCS, raylets, agents, workers), and only those."""
+    import psutil
+
+    ray_dir = os.path.dirname(ray.__file__)
+    doomed = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(ray_dir in part for part in child.cmdline()) or child.name() in (
+                    "gcs_server", "raylet"):
+                doomed.append(child)
+    for child in doomed:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(doomed, timeout=10)
 
 
 @contextlib.contextmanager

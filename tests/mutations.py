@@ -139,8 +139,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "select-host-skips-top-p", SELECT,
-        (("if bool(top_k_on.any()) or not bool((rows_top_p >= 1).all()):",
-          "if bool(top_k_on.any()):"),),
+        (("filtered = bool(top_k_on.any()) or not bool((rows_top_p >= 1).all())",
+          "filtered = bool(top_k_on.any())"),),
         ("tests/test_select_tokens.py",),
         "on CPU tensors rows with top-p alone are sampled unfiltered",
         keyword="host_and_device_token_paths",

@@ -194,15 +194,19 @@ def _sample(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     gumbel: torch.Tensor,
+    filtered: bool = True,
 ) -> torch.Tensor:
-    """Top-k, top-p and Gumbel-max sample per row of ``x`` ``[R, V]`` (fp32, no NaN)."""
+    """Top-k, top-p and Gumbel-max sample per row of ``x`` ``[R, V]`` (fp32, no NaN).
+    ``filtered=False`` says no row has a top-k or top-p that drops an entry (kept_tokens
+    would keep them all), and skips their sort."""
     neg_inf = torch.full((), float("-inf"), device=x.device)  # no host copy: graph-safe
-    kept = kept_tokens(x, top_k, top_p)
 
     # Gumbel-max: argmax of x / T + g over the kept entries is a sample of softmax(x / T).
     scores = x / temperature.unsqueeze(-1) + gumbel
-    scores = torch.where(kept & ~torch.isnan(scores), scores, neg_inf)
-    return torch.argmax(scores, dim=-1)
+    keep = ~torch.isnan(scores)
+    if filtered:
+        keep = kept_tokens(x, top_k, top_p) & keep
+    return torch.argmax(torch.where(keep, scores, neg_inf), dim=-1)
 
 
 def _tokens_on_the_device(
@@ -245,12 +249,9 @@ def _tokens_on_the_host(
     gumbel = philox_gumbel(seed[sampling], position[sampling], x.shape[-1])
     rows_top_k, rows_top_p = top_k[sampling], top_p[sampling]
     top_k_on = (rows_top_k > 0) & (rows_top_k < x.shape[-1])
-    if bool(top_k_on.any()) or not bool((rows_top_p >= 1).all()):
-        token[sampling] = _sample(rows, temperature[sampling], rows_top_k, rows_top_p, gumbel)
-    else:  # kept_tokens keeps every entry of these rows
-        scores = rows / temperature[sampling].unsqueeze(-1) + gumbel
-        scores = torch.where(torch.isnan(scores), float("-inf"), scores)
-        token[sampling] = torch.argmax(scores, dim=-1)
+    filtered = bool(top_k_on.any()) or not bool((rows_top_p >= 1).all())
+    token[sampling] = _sample(rows, temperature[sampling], rows_top_k, rows_top_p, gumbel,
+                              filtered)
     return token
 
 

@@ -58,7 +58,7 @@ def flat(tensor: torch.Tensor) -> torch.Tensor:
 
 def at_address(address: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
     """``numel`` elements of ``dtype`` at a raw host address (a pointer a kernel loads)."""
-    size = max(numel, 0) * torch.empty((), dtype=dtype).element_size()
+    size = max(numel, 0) * dtype.itemsize
     if size == 0:
         return torch.empty(0, dtype=dtype)
     return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype)

@@ -25,4 +25,14 @@ if BACKEND not in BACKENDS:
 if BACKEND == "interpret":
     os.environ["TRITON_INTERPRET"] = "1"
 
+# The select_tokens kernel of "greedy" and "temperature" calls on CUDA or interpreted tensors
+# (docs/contracts.md, "Sampling modes"): ``three_launch`` (measured on an H200, the default)
+# or ``one_launch`` (ops/select_one_launch.py). ``any`` calls always take the three launches.
+SELECT_KERNELS = ("three_launch", "one_launch")
+SELECT_KERNEL = os.environ.get("WEDLM_KERNELS_SELECT_KERNEL", "three_launch").strip().lower() \
+    or "three_launch"
+if SELECT_KERNEL not in SELECT_KERNELS:
+    raise ValueError(f"WEDLM_KERNELS_SELECT_KERNEL={SELECT_KERNEL!r} is not one of "
+                     f"{', '.join(SELECT_KERNELS)}")
+
 DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

@@ -37,6 +37,7 @@ def select_tokens(
     threshold: torch.Tensor,
     penalty: torch.Tensor,
     seed: torch.Tensor,
+    sampling: str = "any",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Entropy, token and commit decision for every mask row of a decode step.
 
@@ -81,6 +82,13 @@ def select_tokens(
         ``[B]`` fp32, adjusted-entropy increase per position of distance.
     seed : torch.Tensor
         ``[B]`` int64, per-sequence seed (all 64 bits are used).
+    sampling : str
+        What the call decodes, so that a kernel compiled for it alone can run (the
+        ``one_launch`` kernel, ``WEDLM_KERNELS_SELECT_KERNEL``): ``"any"`` (default) the rule
+        above; ``"temperature"`` the rule with top-k and top-p off (``top_k`` and ``top_p``
+        are not read); ``"greedy"`` every row greedy (``temperature``, ``top_k``, ``top_p`` and
+        ``seed`` are not read). Tokens equal the rule's whenever the parameters agree with
+        the mode (docs/contracts.md, "Sampling modes").
 
     Returns
     -------
@@ -121,6 +129,9 @@ def select_tokens(
     check_tensor("threshold", threshold, torch.float32, ("B",), dims)
     check_tensor("penalty", penalty, torch.float32, ("B",), dims)
     check_tensor("seed", seed, torch.int64, ("B",), dims)
+    if sampling not in SAMPLING_MODES:
+        raise ValueError(f"`sampling` must be one of {', '.join(map(repr, SAMPLING_MODES))}, "
+                         f"got {sampling!r}")
     check_same_device(
         logits=logits, cu_rows=cu_rows, row_pos=row_pos, temperature=temperature,
         top_k=top_k, top_p=top_p, threshold=threshold, penalty=penalty, seed=seed,
@@ -130,8 +141,23 @@ def select_tokens(
         debug_check(cu_rows[1:] >= cu_rows[:-1], "cu_rows must be non-decreasing")
         debug_check(cu_rows[-1] <= dims["R"], f"cu_rows[-1] must be <= R = {dims['R']}")
     return _dispatch.call(
-        "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed
+        "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
+        seed, sampling,
     )
+
+
+SAMPLING_MODES = ("any", "temperature", "greedy")
+
+
+def _parameters_of_mode(sampling: str, temperature: torch.Tensor, top_k: torch.Tensor,
+                        top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(temperature, top_k, top_p)`` as the rule reads them under ``sampling``: greedy
+    temperatures, or top-k and top-p off (new tensors only where the mode changes them)."""
+    if sampling == "greedy":
+        temperature = torch.zeros_like(temperature)
+    if sampling != "any":
+        top_k, top_p = torch.zeros_like(top_k), torch.ones_like(top_p)
+    return temperature, top_k, top_p
 
 
 # ----------------------------------------------------------------------------------------
@@ -274,7 +300,9 @@ def select_tokens_torch(
     threshold: torch.Tensor,
     penalty: torch.Tensor,
     seed: torch.Tensor,
+    sampling: str = "any",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    temperature, top_k, top_p = _parameters_of_mode(sampling, temperature, top_k, top_p)
     num_rows, vocab_size = logits.shape
     num_seqs = cu_rows.shape[0] - 1
     device = logits.device
@@ -343,6 +371,7 @@ def select_tokens_fake(
     threshold: torch.Tensor,
     penalty: torch.Tensor,
     seed: torch.Tensor,
+    sampling: str = "any",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_rows = logits.shape[0]
     return (
@@ -583,6 +612,30 @@ def _sequence_mode(temperature_ptr, top_k_ptr, top_p_ptr, sequence, vocab_size):
 
 
 @triton.jit
+def sequence_of_row(row, cu_rows_ptr, num_sequences, search_steps):
+    """``(sequence, member, first_row, end_row)``: the last ``b`` with ``cu_rows[b] <= row``
+    (a binary search of ``search_steps``, the bit length of B + 1, steps over ``[0, B]``),
+    whether ``row`` lies in that sequence's rows ``[first_row, end_row)``, and those bounds
+    (0, 0 where it lies in none)."""
+    low = tl.full([], 0, tl.int32)
+    high = tl.full([], 0, tl.int32) + num_sequences + 1
+    for _ in range(search_steps):
+        active = low < high
+        middle = (low + high) // 2
+        offset = tl.load(cu_rows_ptr + tl.where(active, middle, 0))
+        go_right = active & (offset <= row)
+        low = tl.where(go_right, middle + 1, low)
+        high = tl.where(active & ~go_right, middle, high)
+    sequence = low - 1
+    in_sequences = (sequence >= 0) & (sequence < num_sequences)
+    safe_sequence = tl.where(in_sequences, sequence, 0)
+    first_row = tl.load(cu_rows_ptr + safe_sequence)
+    end_row = tl.load(cu_rows_ptr + safe_sequence + 1)
+    member = in_sequences & (first_row <= row) & (row < end_row)
+    return sequence, member, tl.where(member, first_row, 0), tl.where(member, end_row, 0)
+
+
+@triton.jit
 def _select_scan_kernel(
     logits_ptr,  # [R, V], unit last stride
     cu_rows_ptr,  # [B + 1] int32
@@ -615,22 +668,8 @@ def _select_scan_kernel(
     split = tl.program_id(1)
     position = tl.load(row_pos_ptr + row)
 
-    # sequence = the last b with cu_rows[b] <= row (binary search over b in [0, B])
-    low = tl.full([], 0, tl.int32)
-    high = tl.full([], 0, tl.int32) + num_sequences + 1
-    for _ in range(search_steps):
-        active = low < high
-        middle = (low + high) // 2
-        offset = tl.load(cu_rows_ptr + tl.where(active, middle, 0))
-        go_right = active & (offset <= row)
-        low = tl.where(go_right, middle + 1, low)
-        high = tl.where(active & ~go_right, middle, high)
-    sequence = low - 1
-    in_sequences = (sequence >= 0) & (sequence < num_sequences)
-    safe_sequence = tl.where(in_sequences, sequence, 0)
-    first_row = tl.load(cu_rows_ptr + safe_sequence)
-    end_row = tl.load(cu_rows_ptr + safe_sequence + 1)
-    valid = in_sequences & (first_row <= row) & (row < end_row) & (position >= 0)
+    sequence, member, _, _ = sequence_of_row(row, cu_rows_ptr, num_sequences, search_steps)
+    valid = member & (position >= 0)
     if split == 0:
         tl.store(row_sequence_ptr + row, tl.where(valid, sequence, -1))
         tl.store(arrivals_ptr + row, 0)
@@ -933,7 +972,20 @@ def _select_sequences_kernel(
     BLOCK_ROWS: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr,  # next_power_of_2(num_splits)
 ):
-    sequence = tl.program_id(0)
+    finish_sequence(tl.program_id(0), cu_rows_ptr, row_pos_ptr, threshold_ptr, penalty_ptr,
+                    row_sequence_ptr, partial_float_ptr, partial_index_ptr, token_ptr,
+                    selected_ptr, entropy_ptr, num_rows, num_splits, BLOCK_ROWS, SPLIT_BLOCK, "")
+
+
+@triton.jit
+def finish_sequence(sequence, cu_rows_ptr, row_pos_ptr, threshold_ptr, penalty_ptr,
+                    row_sequence_ptr, partial_float_ptr, partial_index_ptr, token_ptr,
+                    selected_ptr, entropy_ptr, num_rows, num_splits, BLOCK_ROWS: tl.constexpr,
+                    SPLIT_BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the vocabulary splits of every row of ``sequence`` (the scan's partials) into
+    token and entropy, and select its rows: the distance penalty, the strict threshold and
+    the fallback. ``CACHE`` is the cache modifier of the loads of what the scan wrote
+    (``".cg"`` where programs of the same launch wrote it: L1 is not coherent)."""
     first_row = tl.minimum(tl.maximum(tl.load(cu_rows_ptr + sequence), 0), num_rows)
     end_row = tl.minimum(tl.maximum(tl.load(cu_rows_ptr + sequence + 1), first_row), num_rows)
     threshold = tl.load(threshold_ptr + sequence)
@@ -946,7 +998,9 @@ def _select_sequences_kernel(
     for block_start in range(first_row, end_row, BLOCK_ROWS):
         rows = block_start + row_offsets
         in_range = rows < end_row
-        valid = in_range & (tl.load(row_sequence_ptr + rows, mask=in_range, other=-1) == sequence)
+        row_sequence = tl.load(row_sequence_ptr + rows, mask=in_range, other=-1,
+                               cache_modifier=CACHE)
+        valid = in_range & (row_sequence == sequence)
         position = tl.load(row_pos_ptr + rows, mask=valid, other=2**63 - 1)
         nearest = tl.minimum(nearest, tl.min(position, axis=0))
 
@@ -957,17 +1011,21 @@ def _select_sequences_kernel(
     for block_start in range(first_row, end_row, BLOCK_ROWS):
         rows = block_start + row_offsets
         in_range = rows < end_row
-        valid = in_range & (tl.load(row_sequence_ptr + rows, mask=in_range, other=-1) == sequence)
+        row_sequence = tl.load(row_sequence_ptr + rows, mask=in_range, other=-1,
+                               cache_modifier=CACHE)
+        valid = in_range & (row_sequence == sequence)
         position = tl.load(row_pos_ptr + rows, mask=valid, other=0)
 
         # merge the vocabulary splits of each row: [BLOCK_ROWS, SPLIT_BLOCK]
         parts = rows.to(tl.int64)[:, None] * num_splits + splits[None, :]
         part_mask = valid[:, None] & (splits < num_splits)[None, :]
-        part_max = tl.load(partial_float_ptr + parts * 4, mask=part_mask, other=float("-inf"))
-        part_sum = tl.load(partial_float_ptr + parts * 4 + 1, mask=part_mask, other=0.0)
-        part_gap = tl.load(partial_float_ptr + parts * 4 + 2, mask=part_mask, other=0.0)
-        part_best = tl.load(partial_float_ptr + parts * 4 + 3, mask=part_mask, other=float("-inf"))
-        part_best_index = tl.load(partial_index_ptr + parts, mask=part_mask, other=_INDEX_NONE)
+        part = partial_float_ptr + parts * 4
+        part_max = tl.load(part, mask=part_mask, other=float("-inf"), cache_modifier=CACHE)
+        part_sum = tl.load(part + 1, mask=part_mask, other=0.0, cache_modifier=CACHE)
+        part_gap = tl.load(part + 2, mask=part_mask, other=0.0, cache_modifier=CACHE)
+        part_best = tl.load(part + 3, mask=part_mask, other=float("-inf"), cache_modifier=CACHE)
+        part_best_index = tl.load(partial_index_ptr + parts, mask=part_mask, other=_INDEX_NONE,
+                                  cache_modifier=CACHE)
 
         # s and t of each split are relative to its own m: rescale to the row's maximum
         row_max = tl.max(part_max, axis=1)
@@ -1136,12 +1194,18 @@ def select_tokens_triton(
     threshold: torch.Tensor,
     penalty: torch.Tensor,
     seed: torch.Tensor,
+    sampling: str = "any",
     *,
+    kernel: str | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     num_splits: int | None = None,
     workspace: SelectWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton launcher of :func:`select_tokens` (arguments validated by the caller).
+
+    A ``"greedy"`` or ``"temperature"`` call runs the ``one_launch`` kernel
+    (ops/select_one_launch.py) where ``kernel`` (default: the ``WEDLM_KERNELS_SELECT_KERNEL``
+    setting) says so, and the three launches below otherwise.
 
     Keyword arguments, for tests and benchmarks (results depend on none of them): ``out``,
     contiguous ``[R]`` (token, selected, entropy) tensors to write (every element) instead
@@ -1150,6 +1214,14 @@ def select_tokens_triton(
     of its ``candidates`` is how many candidate granules a top-k / top-p row may read
     before it searches its whole row).
     """
+    if sampling != "any" and (kernel or _backend.SELECT_KERNEL) == "one_launch":
+        from .select_one_launch import select_tokens_one_launch
+
+        return select_tokens_one_launch(
+            logits, cu_rows, row_pos, temperature, threshold, penalty, seed,
+            sampling=sampling == "temperature", out=out, num_splits=num_splits,
+            workspace=workspace)
+    temperature, top_k, top_p = _parameters_of_mode(sampling, temperature, top_k, top_p)
     num_rows, vocab_size = logits.shape
     num_sequences = cu_rows.shape[0] - 1
     device = logits.device
@@ -1259,4 +1331,6 @@ def kernel_variants() -> list[KernelVariant]:
                                  enable_fp_fusion=_SEQUENCES_FP_FUSION))
         split_block *= 2
     variants += philox.kernel_variants()
-    return variants
+    from . import select_one_launch
+
+    return variants + select_one_launch.kernel_variants()

@@ -14,8 +14,8 @@ TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # cores), and Python writes the bytecode of what a process imports on first import instead.
 PIP_INSTALL_FLAGS ?= -q
 
-.PHONY: install test demo tour bench bench-host lint mutation test-latest test-oldest \
-	venv-latest venv-oldest \
+.PHONY: install test demo tour bench bench-host compile-facts lint mutation \
+	test-latest test-oldest venv-latest venv-oldest \
 	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm \
 	test-vllm-dist mutation-vllm-dist bench-vllm-dp
 
@@ -48,6 +48,12 @@ bench: $(STAMP)
 # host time per eager op call (pytest-benchmark): bench/results/<device>/host_time.json
 bench-host: $(STAMP)
 	$(PY) -m bench.host_time
+
+# sm_90 compile facts of select_tokens' kernels (registers, spills, shared memory, programs and
+# bytes in flight per SM, launches and launcher host time per call), no GPU needed:
+# bench/results/sm90_compile/select_tokens.{json,md}
+compile-facts: $(STAMP)
+	$(PY) -m bench.compile_facts
 
 # liger-kernel, pure Python, for the GPU run's Python 3.12 (bench/gpu_check.sh installs the
 # wheels of .whl/ first; carry .whl with the run)

@@ -87,6 +87,8 @@ COMMIT = "wedlm_kernels/ops/commit.py"
 LOGITS = "wedlm_kernels/ops/logits.py"
 SELECT_TESTS = ("tests/test_select_tokens.py",)
 SELECT_KERNEL_TESTS = ("tests/test_select_tokens_kernel.py",)
+SELECT_ONE_LAUNCH = "wedlm_kernels/ops/select_one_launch.py"
+SELECT_ONE_LAUNCH_TESTS = ("tests/test_select_one_launch.py",)
 INT64_TESTS = ("tests/test_int64_offsets.py",)
 ROPE_TESTS = ("tests/test_rope_kv_append.py",)
 ROPE_KERNEL_TESTS = ("tests/test_rope_kv_append_kernel.py",)
@@ -158,6 +160,43 @@ MUTATIONS: list[Mutation] = [
         SELECT_TESTS, "the distance penalty lowers the adjusted entropy",
     ),
     # ------------------------------------------------------------ select_tokens, kernels
+    Mutation(
+        "select-one-launch-bound-too-loose", SELECT_ONE_LAUNCH,
+        (("_GUMBEL_MARGIN = tl.constexpr(2.0**-16)", "_GUMBEL_MARGIN = tl.constexpr(4.0)"),),
+        SELECT_ONE_LAUNCH_TESTS, "the score bound is 4 too high: most sub-tiles are scored "
+        "exactly (tokens stay right; the speed is lost)", keyword="only_sub_tiles",
+    ),
+    Mutation(
+        "select-one-launch-bound-too-tight", SELECT_ONE_LAUNCH,
+        (("fraction * (1.0 + 0.278 * (1.0 - fraction))",
+          "fraction * (1.0 + 0.34 * (1.0 - fraction))"),),
+        SELECT_ONE_LAUNCH_TESTS, "log2(1 + f) >= f + 0.34 f (1 - f) is false near f = 1: the "
+        "bound falls below some words' noise", keyword="every_random_word",
+    ),
+    Mutation(
+        "select-one-launch-ticket-reused", SELECT_ONE_LAUNCH,
+        (("    workspace.tickets.zero_()\n", ""),),
+        SELECT_ONE_LAUNCH_TESTS, "the tickets of the last launch carry over: sequences merge "
+        "early or never", keyword="repeated_calls",
+    ),
+    Mutation(
+        "select-one-launch-merge-on-first-arrival", SELECT_ONE_LAUNCH,
+        (("if arrived == (end_row - first_row) * num_splits - 1:", "if arrived == 0:"),),
+        SELECT_ONE_LAUNCH_TESTS, "the first program of a sequence merges its rows",
+        keyword="repeated_calls",
+    ),
+    Mutation(
+        "select-one-launch-greedy-tile-tie-later-wins", SELECT_ONE_LAUNCH,
+        (("    if tile_max > best:\n        best_index", "    if tile_max >= best:\n        best_index"),),
+        SELECT_ONE_LAUNCH_TESTS, "a later tile wins a greedy tie", keyword="ties_between",
+    ),
+    Mutation(
+        "select-one-launch-scores-without-the-floor-of-no-bound", SELECT_ONE_LAUNCH,
+        (("if (tl.max(bound) >= best) | ~(inverse_temperature < float(\"inf\")):",
+          "if tl.max(bound) >= best:"),),
+        SELECT_ONE_LAUNCH_TESTS, "a temperature whose inverse overflows scores nothing (token 0)",
+        keyword="overflow",
+    ),
     Mutation(
         "select-kernel-arrivals-not-reset", SELECT,
         (("        tl.store(arrivals_ptr + row, 0)\n", ""),),

@@ -59,6 +59,7 @@ def run_one_launch(args, sampling, num_splits=None, calls=1):
     parts["partial_float"] = guarded(torch.full(shapes["partial_float"], NAN, device=DEVICE))
     workspace = one_launch.Workspace(**{name: g.tensor for name, g in parts.items()})
     workspace.tickets.fill_(3)  # junk: the launcher zeroes them
+    results = []
     for _ in range(calls):
         outputs = [guarded(torch.full((num_rows,), 424242, dtype=torch.int64, device=DEVICE)),
                    guarded(torch.ones(num_rows, dtype=torch.bool, device=DEVICE)),
@@ -69,9 +70,13 @@ def run_one_launch(args, sampling, num_splits=None, calls=1):
             num_splits=num_splits, workspace=workspace)
         for name, g in zip(("token", "selected", "entropy"), outputs):
             g.check(name)
+        results.append([o.tensor.cpu() for o in outputs])
     for name, g in parts.items():
         g.check(name)
-    token, selected, entropy = (o.tensor.cpu() for o in outputs)
+    token, selected, entropy = results[0]
+    for later in results[1:]:  # every call gives the first one's results
+        assert torch.equal(later[0], token) and torch.equal(later[1], selected)
+        torch.testing.assert_close(later[2], entropy, rtol=0, atol=0, equal_nan=True)
     return token, selected, entropy, workspace
 
 
@@ -177,29 +182,32 @@ def test_every_random_word_has_a_score_bound_at_least_its_noise():
     assert float(gumbel.max()) < 17.4  # the kernel's largest-noise constant is 17.5
 
 
-def _far_below_peak_row(vocab, peak_index, seed, position, temperature=1.0):
-    """A row with one logit of 12 and the rest in [-5, -3.5]: no other entry can reach the
-    peak's score (their noise would have to exceed 15), yet every tile's largest logit plus
-    the largest noise does, so only the per-entry bound can skip them."""
-    g = torch.Generator().manual_seed(seed)
-    row = -5 + 1.5 * torch.rand(vocab, generator=g)
+def _just_below_the_peak_row(vocab, peak_index, seed, position):
+    """A row whose peak (logit 12) scores S and whose other entries score S - 0.25 where
+    their noise is at least 2 (there the bound exceeds the noise by at most 0.015, see the
+    test above) and are -inf elsewhere: no other entry can win, and a bound looser by 0.25
+    makes every sub-tile a candidate."""
+    words = torch.from_numpy(ref_philox.philox_word(seed, position, torch.arange(vocab).numpy())
+                             .astype("int64"))
+    _, noise = (t.cpu() for t in one_launch.gumbel_bound_triton(words.to(DEVICE)))
+    best_score = torch.tensor(12.0) + noise[peak_index]  # fp32, at temperature 1
+    row = torch.where(noise >= 2, best_score - 0.25 - noise, -INF)
     row[peak_index] = 12.0
-    noise = torch.from_numpy(ref_philox.gumbel(seed, position, vocab))
-    assert float(noise.max()) < 15.5 and -2 < float(noise[peak_index]) < 2  # premises
     return row.tolist()
 
 
 @pytest.mark.parametrize("peak_index", [5, 5000])
 def test_only_sub_tiles_whose_bound_reaches_the_best_score_are_scored_exactly(peak_index):
-    """On a row where only the peak can win, one sub-tile is scored exactly: the first
-    (nothing to beat yet) when the peak is in it; when the peak is further on, the first and
-    the peak's (a record each). A bound looser than the kernel's rescores more."""
+    """On a row where other entries score 0.25 below the peak, the sub-tiles up to the
+    peak's are scored exactly (before the peak the best score is another entry's, below its
+    own bound, so each sub-tile's bound reaches it) and none after it. A bound looser by
+    0.25 rescores every sub-tile."""
     vocab, seed, position = 8192, 3, 9
-    args = one_sequence([_far_below_peak_row(vocab, peak_index, seed, position)], [position],
-                        temperature=1.0, seed=seed)
+    args = one_sequence([_just_below_the_peak_row(vocab, peak_index, seed, position)],
+                        [position], temperature=1.0, seed=seed)
     token, _, _, workspace = run_one_launch(args, "temperature", num_splits=1)
     assert int(token[0]) == peak_index
-    assert int(workspace.rescored[0, 0]) == (1 if peak_index < 1024 else 2)
+    assert int(workspace.rescored[0, 0]) == peak_index // 1024 + 1
 
 
 def test_ties_between_tiles_and_splits_take_the_first_index():
@@ -243,10 +251,11 @@ def test_scores_that_overflow_take_the_first_infinite_one_like_the_pytorch_path(
 
 def _bounds_batch(temperature):
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(3, 3000, generator=g) * 3
+    logits = torch.randn(4, 3000, generator=g) * 3
     logits[1, :100] = 0.0
     logits[2] = -INF
-    return batch(logits, [0, 3], [4, 5, 6], [temperature], [0], [1.0], [-INF], [0.0], [77])
+    logits[3] = 0.0  # x / T = 0 at any temperature: the noise alone decides
+    return batch(logits, [0, 4], [4, 5, 6, 7], [temperature], [0], [1.0], [-INF], [0.0], [77])
 
 
 def test_a_workspace_shaped_for_another_launch_is_a_value_error():
@@ -281,3 +290,25 @@ def test_cuda_graph_replay_with_changed_inputs_matches_eager(sampling):
         eager = select_ops.select_tokens_triton(*static, sampling, kernel="three_launch")
         for mine, theirs in zip(captured, eager):
             assert torch.equal(mine, theirs), trial
+
+
+@pytest.mark.parametrize("sampling", MODES)
+def test_the_one_reduction_form_gives_the_same_results(sampling):
+    """The GPU's form of the tile statistics, one ``tl.reduce`` of (max, sum, sum), gives
+    what the interpreter's three reductions give (rows with NaN, +inf, -inf, ties)."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 300, generator=g) * 3
+    logits[1, 7] = NAN
+    logits[2, 9] = INF
+    logits[3] = -INF
+    logits[4, ::3] = 2.5
+    args = [a.to(DEVICE) for a in batch(logits, [0, 2, 5], [3, 4, 5, 6, 7], [0.8, 0.0],
+                                        [0, 0], [1.0, 1.0], [1.0, 0.5], [0.02, 0.0], [9, 8])]
+    results = [one_launch.select_tokens_one_launch(
+        args[0], args[1], args[2], args[3], args[6], args[7], args[8],
+        sampling=sampling == "temperature", one_reduction=one_reduction)
+        for one_reduction in (True, False)]
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-6, atol=1e-6,
+                               equal_nan=True)

@@ -9,12 +9,14 @@ modes") states it and the bound below.
 
 One launch, grid (row, vocabulary split):
 
-1. Each program reads its slice of the row once, in tiles of ``BLOCK`` logits, the next tile
-   loaded before the current one is reduced (two tiles in flight per program). Per tile: one
-   max reduction; the softmax sums ``s = sum exp(x - m)`` and ``t = sum exp(x - m)(x - m)``
-   are kept per lane and reduced once per split (a tile raising the maximum from m to m'
-   rescales them: ``s <- s e^(m-m')``, ``t <- e^(m-m')(t + (m - m') s)``); the greedy index is
-   searched only in a tile that raises the running maximum (the first index of the maximum).
+1. Each program reads its slice of the row once, in tiles of ``BLOCK`` logits through a
+   ``STAGES``-deep asynchronous copy pipeline (``STAGES - 1`` tiles in flight while one is
+   reduced). Per tile one reduction gives the tile's maximum and the softmax sums
+   ``s = sum exp(x - m)`` and ``t = sum exp(x - m)(x - m)`` relative to the running maximum m;
+   a tile that raises it to m' (rare after the first) sums again relative to m', and the
+   running sums are rescaled: ``s <- s e^(m-m')``, ``t <- e^(m-m')(t + (m - m') s)``. The
+   greedy index is searched only in a tile that raises the running maximum (the first index
+   of the maximum).
 2. ``SAMPLING`` (compiled only into the ``temperature`` variant): a temperature row's token is
    ``argmax_v fl(x_v / T + g_v)`` with ``g_v`` the Gumbel noise of Philox word ``v`` (the
    exact score of ``ops/select.py``: an IEEE division and the log1p-exact transform). Each
@@ -30,13 +32,14 @@ One launch, grid (row, vocabulary split):
    (``ops/select.finish_sequence``, the three-launch kernel's last step).
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+from ._triton import POINTER_TYPES, KernelVariant
 from .philox import gumbel_from_word
 from .select import _GRANULE, finish_sequence, sequence_of_row
 from .select import _first_best as first_best
@@ -83,6 +86,16 @@ def score_upper_bound(x, inverse_temperature, word):
     scaled = x * inverse_temperature
     scaled = scaled + tl.abs(scaled) * _SCALED_MARGIN
     return scaled + gumbel_upper_bound(word)
+
+
+@triton.jit
+def _max_sum_sum(max_a, sum_a, gap_a, max_b, sum_b, gap_b):
+    return tl.maximum(max_a, max_b), sum_a + sum_b, gap_a + gap_b
+
+
+@triton.jit
+def _sum_sum(sum_a, gap_a, sum_b, gap_b):
+    return sum_a + sum_b, gap_a + gap_b
 
 
 @triton.jit
@@ -146,10 +159,12 @@ def _select_one_launch_kernel(
     split_size,  # a multiple of BLOCK
     num_splits,
     BLOCK: tl.constexpr,  # logits per tile, a multiple of SUB_GRANULES * GRANULE
+    STAGES: tl.constexpr,  # tiles in the load pipeline (STAGES - 1 in flight ahead)
+    ONE_REDUCTION: tl.constexpr,  # max and sums in one tl.reduce (off: three; interpreter)
     SAMPLING: tl.constexpr,  # compile the temperature rows' Gumbel-max (else every row greedy)
     SUB_GRANULES: tl.constexpr,  # granules of 64 entries per exactly scored sub-tile
     BLOCK_ROWS: tl.constexpr,  # the merge's rows per step
-    SPLIT_BLOCK: tl.constexpr,  # next_power_of_2(num_splits)
+    SPLIT_BLOCK: tl.constexpr,  # >= num_splits
 ):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -180,30 +195,44 @@ def _select_one_launch_kernel(
 
         # m starts at the lowest finite fp32, so x - m is never -inf - -inf (see ops/select.py)
         run_max = tl.full([], -3.4028234663852886e38, tl.float32)
-        lane_sum = tl.zeros([BLOCK], tl.float32)
-        lane_gap = tl.zeros([BLOCK], tl.float32)  # sum exp(x - m) (x - m) per lane, <= 0
+        run_sum = tl.full([], 0.0, tl.float32)  # sum exp(x - m)
+        run_gap = tl.full([], 0.0, tl.float32)  # sum exp(x - m) (x - m), <= 0
         best = tl.full([], float("-inf"), tl.float32)  # greedy: the maximum; else best score
         best_index = tl.full([], _INDEX_NONE, tl.int32)
         rescored = tl.full([], 0, tl.int32)
         offsets = tl.arange(0, BLOCK)
-        next_x = tl.load(row_ptr + start + offsets, mask=start + offsets < end,
-                         other=float("-inf"))
-        for tile_start in range(start, end, BLOCK):
+        for tile_start in tl.range(start, end, BLOCK, num_stages=STAGES):
             index = tile_start + offsets
-            x = next_x.to(tl.float32)
-            following = index + BLOCK  # the next tile's load is in flight while this one sums
-            next_x = tl.load(row_ptr + following, mask=following < end, other=float("-inf"))
-            tile_max = tl.max(x, axis=0)  # NaN entries are ignored by max
-            if tile_max > run_max:  # rescale the lanes' sums to the new maximum (rare)
+            x = tl.load(row_ptr + index, mask=index < end, other=float("-inf")).to(tl.float32)
+            # one reduction: the tile's maximum and its sums relative to the running maximum
+            # (a tile that raises it, rare after the first, sums again relative to its own)
+            gap = x - run_max  # NaN for NaN entries; -inf for -inf ones
+            weight = tl.exp(gap)
+            if ONE_REDUCTION:
+                tile_max, tile_sum, tile_gap = tl.reduce(
+                    (tl.where(x == x, x, _NEG_INF), weight, weight * tl.maximum(gap, -1e30)), 0,
+                    _max_sum_sum)
+            else:  # the same in three numpy reductions (the interpreter runs tl.reduce's
+                # combine function in Python, element by element)
+                tile_max = tl.max(tl.where(x == x, x, _NEG_INF), axis=0)
+                tile_sum = tl.sum(weight, axis=0)
+                tile_gap = tl.sum(weight * tl.maximum(gap, -1e30), axis=0)
+            if tile_max > run_max:
                 shift = run_max - tile_max
                 scale = tl.exp(shift)
-                lane_gap = scale * (lane_gap + tl.maximum(shift, -1e30) * lane_sum)
-                lane_sum = scale * lane_sum
+                run_gap = scale * (run_gap + tl.maximum(shift, -1e30) * run_sum)
+                run_sum = scale * run_sum
                 run_max = tile_max
-            gap = x - run_max  # <= 0; -inf for -inf entries, NaN for NaN ones
-            weight = tl.exp(gap)
-            lane_sum += weight
-            lane_gap += weight * tl.maximum(gap, -1e30)
+                gap = x - run_max
+                weight = tl.exp(gap)
+                if ONE_REDUCTION:
+                    tile_sum, tile_gap = tl.reduce((weight, weight * tl.maximum(gap, -1e30)), 0,
+                                                   _sum_sum)
+                else:
+                    tile_sum = tl.sum(weight, axis=0)
+                    tile_gap = tl.sum(weight * tl.maximum(gap, -1e30), axis=0)
+            run_sum += tile_sum
+            run_gap += tile_gap
 
             if SAMPLING:
                 if sampling:
@@ -217,8 +246,8 @@ def _select_one_launch_kernel(
 
         out = row * num_splits + split
         tl.store(partial_float_ptr + out * 4, run_max)
-        tl.store(partial_float_ptr + out * 4 + 1, tl.sum(lane_sum, axis=0))
-        tl.store(partial_float_ptr + out * 4 + 2, tl.sum(lane_gap, axis=0))
+        tl.store(partial_float_ptr + out * 4 + 1, run_sum)
+        tl.store(partial_float_ptr + out * 4 + 2, run_gap)
         tl.store(partial_float_ptr + out * 4 + 3, best)
         tl.store(partial_index_ptr + out, best_index)
         tl.store(rescored_ptr + out, rescored)
@@ -267,11 +296,12 @@ def gumbel_bound_triton(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 # Launcher.
 # ----------------------------------------------------------------------------------------
 
-# Tiles of 4096 logits with 8 warps (16 per thread), two in flight per program; sub-tiles of
-# 1024 entries for the exact scores (the random words of a whole tile would not fit in
-# registers). tests/test_kernels_compile_sm90.py pins the registers and the compile facts
-# (bench/compile_facts.py) the bytes in flight they allow.
+# Tiles of 4096 logits with 8 warps (16 per thread), a 4-stage load pipeline (3 tiles in
+# flight per program); sub-tiles of 1024 entries for the exact scores (the random words of a
+# whole tile would not fit in registers). The compile facts (bench/compile_facts.py,
+# bench/results/sm90_compile/) give the registers, programs per SM and bytes in flight.
 BLOCK = 4096
+STAGES = 4
 SUB_GRANULES = 16
 WARPS = 8
 # Vocabulary splits: enough programs for PROGRAMS_PER_SM per multiprocessor when rows are
@@ -280,14 +310,16 @@ MAX_SPLITS = 128
 _PROGRAMS_PER_SM = 4
 _INTERPRETER_TARGET_PROGRAMS = 4
 _DEBUG_BLOCK = 1024
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # The merge rounds the adjusted entropy twice, as the PyTorch path does: no fused
 # multiply-add anywhere in the kernel (the scan loses one instruction per entry to it).
 _FP_FUSION = False
 
 
-def merge_constexprs(split_block: int) -> dict:
-    """The merge's tile: ``split_block`` partials for each of at most 1024 // split_block rows."""
-    return {"BLOCK_ROWS": max(1, min(64, 1024 // split_block)), "SPLIT_BLOCK": split_block}
+# The merge's tile, whatever the split count: MAX_SPLITS partials of each of 2 rows (one per
+# thread). One compiled kernel per mode and dtype; a tile sized by the split count changed
+# the whole kernel's registers (64 to 100), and the merge runs once per sequence.
+MERGE_CONSTEXPRS = {"BLOCK_ROWS": 2, "SPLIT_BLOCK": MAX_SPLITS}
 
 
 def split_plan(num_rows: int, vocab_size: int, device: torch.device,
@@ -375,11 +407,13 @@ def select_tokens_one_launch(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     num_splits: int | None = None,
     workspace: Workspace | None = None,
+    one_reduction: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The one-launch kernel (arguments validated by the caller): ``select_tokens`` with
     top-k and top-p off, and every row greedy unless ``sampling``. ``out``, ``num_splits``
     and ``workspace`` (shaped by :meth:`Workspace.shapes` for :func:`split_plan`'s split
-    count) are for tests and benchmarks; results depend on none of them."""
+    count) are for tests and benchmarks; results depend on none of them, nor on
+    ``one_reduction`` (default: on, except under Triton's interpreter, where it is slow)."""
     num_rows, vocab_size = logits.shape
     num_sequences = cu_rows.shape[0] - 1
     device = logits.device
@@ -401,14 +435,17 @@ def select_tokens_one_launch(
                 raise ValueError(f"`workspace.{name}` has shape {list(part.shape)}, the launch "
                                  f"needs {list(shape)} ({num_splits} splits)")
     workspace.tickets.zero_()
+    if one_reduction is None:
+        one_reduction = not _INTERPRETED
     w = workspace
     _select_one_launch_kernel[(num_rows, num_splits)](
         logits, cu_rows, row_pos, temperature, seed, threshold, penalty, w.tickets,
         w.row_sequence, w.partial_float, w.partial_index, w.rescored, token, selected, entropy,
         logits.stride(0), vocab_size, num_rows, num_sequences,
         (num_sequences + 1).bit_length(), split_size, num_splits,
-        BLOCK=BLOCK, SAMPLING=sampling, SUB_GRANULES=SUB_GRANULES,
-        **merge_constexprs(next_power_of_2(num_splits)),
+        BLOCK=BLOCK, STAGES=STAGES, ONE_REDUCTION=one_reduction, SAMPLING=sampling,
+        SUB_GRANULES=SUB_GRANULES,
+        **MERGE_CONSTEXPRS,
         num_warps=WARPS, enable_fp_fusion=_FP_FUSION,
     )
     return out
@@ -430,11 +467,9 @@ _ALIGNED = ("logits_row_stride", "vocab_size", "split_size")
 
 
 def kernel_variants() -> list[KernelVariant]:
-    """The greedy and the temperature kernel per logits dtype (vocabulary size and row
-    stride multiples of 16, as most models', and not), at the merge tile of every
-    power-of-two split count the split plan can give (1 .. MAX_SPLITS: one compile each
-    for 16 splits and 128 here; the merge's tile changes nothing else), and the bound's test
-    kernel."""
+    """The greedy and the temperature kernel per logits dtype, with the vocabulary size
+    and row stride multiples of 16 (most models) and not (the merge tile is the same at every
+    split count), and the bound's test kernel."""
     import inspect
 
     variants = []
@@ -442,18 +477,18 @@ def kernel_variants() -> list[KernelVariant]:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for sampling in (False, True):
             for suffix, aligned in (("", ("split_size",)), ("_aligned16", _ALIGNED)):
-                for split_block in (16, MAX_SPLITS):
-                    constexprs = dict(BLOCK=BLOCK, SAMPLING=sampling, SUB_GRANULES=SUB_GRANULES,
-                                      **merge_constexprs(split_block))
-                    pointers = dict(_POINTERS, logits_ptr=POINTER_TYPES[dtype])
-                    signature = {name: "constexpr" if name in constexprs
-                                 else pointers.get(name, "i32") for name in parameters}
-                    mode = "temperature" if sampling else "greedy"
-                    variants.append(KernelVariant(
-                        name=f"one_launch_{mode}_{_SHORT[dtype]}{suffix}_splits{split_block}",
-                        kernel=_select_one_launch_kernel, signature=signature,
-                        constexprs=constexprs, num_warps=WARPS, divisible_by_16=aligned,
-                        enable_fp_fusion=_FP_FUSION))
+                constexprs = dict(BLOCK=BLOCK, STAGES=STAGES, ONE_REDUCTION=True,
+                                  SAMPLING=sampling, SUB_GRANULES=SUB_GRANULES,
+                                  **MERGE_CONSTEXPRS)
+                pointers = dict(_POINTERS, logits_ptr=POINTER_TYPES[dtype])
+                signature = {name: "constexpr" if name in constexprs
+                             else pointers.get(name, "i32") for name in parameters}
+                mode = "temperature" if sampling else "greedy"
+                variants.append(KernelVariant(
+                    name=f"one_launch_{mode}_{_SHORT[dtype]}{suffix}",
+                    kernel=_select_one_launch_kernel, signature=signature,
+                    constexprs=constexprs, num_warps=WARPS, divisible_by_16=aligned,
+                    enable_fp_fusion=_FP_FUSION))
     variants.append(KernelVariant(
         name="score_bound_debug", kernel=_score_bound_debug_kernel,
         signature={"word_ptr": "*i64", "bound_ptr": "*fp32", "gumbel_ptr": "*fp32",

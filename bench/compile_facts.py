@@ -221,7 +221,7 @@ def stubbed_kernels(launches: list | None = None):
     patches = [(select, "_select_scan_kernel", _Stub("scan", launches)),
                (select, "_select_filter_kernel", _Stub("filter", launches)),
                (select, "_select_sequences_kernel", _Stub("sequences", launches)),
-               (select_one_launch, "_select_one_launch_kernel", _Stub("one_launch", launches)),
+               (select_one_launch._LAUNCH, "kernel", _Stub("one_launch", launches)),
                (select, "_multiprocessor_count", lambda index: MULTIPROCESSORS)]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     try:

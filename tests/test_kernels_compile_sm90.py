@@ -52,8 +52,10 @@ print(json.dumps(results))
 #   row stride that are multiples of 16 keeps 80 registers and spills 12 bytes (flags and
 #   the thread index) around the slow-path calls of its IEEE divisions (x / temperature
 #   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
-#   at head size 32 and 64 spill 8 bytes. Triton 3.6 compiles all of them without a spill
-#   (make test-oldest runs this test on it).
+#   at head size 32 and 64 spill 8 bytes; select_tokens' one-launch greedy kernel on fp16
+#   logits whose vocabulary size or row stride is not a multiple of 16 (scalar loads, no
+#   asynchronous copies) spills 8. Triton 3.6 compiles all of them without a spill (make
+#   test-oldest runs this test on it).
 _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": size
                   for slots, size in ((32, 4), (256, 8)) for limited in (False, True)}
 # - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
@@ -87,7 +89,7 @@ KNOWN_SPILL_BYTES = {
     "3.7": {**_WINDOW_SPILLS, **{name: 12 for name in _LOGIT_RULE_SPILLS},
             **_attention_spills("3.7"),
             "select_tokens:scan_fp32_aligned16": 12, "select_tokens:scan_fp16_aligned16": 12,
-            "select_tokens:scan_bf16_aligned16": 12,
+            "select_tokens:scan_bf16_aligned16": 12, "select_tokens:one_launch_greedy_fp16": 8,
             "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,
             "paged_attention:attention_fp16_d64_m16_n32_w4": 8},
 }
@@ -147,6 +149,6 @@ def test_select_kernels_compile_with_the_alignment_real_launches_get(compile_res
     """A launch on a model whose vocabulary size and row stride are multiples of 16 (most
     are) specialises on it, as on the split size (always a multiple of 16): those variants
     are compiled too (and checked for spills above)."""
-    for kernel in ("scan", "filter"):
+    for kernel in ("scan", "filter", "one_launch_greedy", "one_launch_temperature"):
         for dtype in ("fp32", "fp16", "bf16"):
             assert f"select_tokens:{kernel}_{dtype}_aligned16" in compile_results

@@ -84,3 +84,61 @@ def _interpreter_masks_as_bool() -> None:
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _interpreter_masks_as_bool()
+
+
+def _specialisation(value) -> object:
+    """What Triton specialises a launch on for one argument: a tensor's dtype and 16-byte
+    alignment; an int's 32- or 64-bit range, divisibility by 16 and equality to 1; a
+    float's type; anything else its value (constexprs)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if isinstance(value, bool):
+        return bool, value
+    if isinstance(value, int):
+        return int, value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value >= 2**63
+    if isinstance(value, float):
+        return float
+    return value
+
+
+class CachedLaunch:
+    """Launches of one ``@triton.jit`` kernel on CUDA tensors through the compiled handle of
+    each specialisation, skipping Triton's argument binding and cache lookup (tens of
+    microseconds of host time a launch). The first launch of a specialisation goes through
+    Triton and keeps the handle it returns; the key (:func:`_specialisation` of every
+    argument, the constexprs, the device) is at least as fine as Triton's, so a handle is
+    never reused for a launch Triton would compile differently. ``WEDLM_KERNELS_DEBUG=1``
+    asks Triton for its choice at every launch and checks it is the kept handle. CPU tensors
+    (Triton's interpreter) always go through Triton."""
+
+    def __init__(self, kernel) -> None:
+        import inspect
+
+        self.kernel = kernel
+        fn = getattr(kernel, "fn", kernel)
+        self.parameters = list(inspect.signature(fn).parameters)
+        self.handles: dict[tuple, object] = {}
+
+    def __call__(self, grid: tuple, *args, num_warps: int, **constexprs_and_options):
+        launch = self.kernel[grid]
+        if not args[0].is_cuda:
+            return launch(*args, num_warps=num_warps, **constexprs_and_options)
+        constexprs = [constexprs_and_options[name] for name in self.parameters[len(args):]]
+        key = (args[0].device.index, num_warps, *map(_specialisation, args),
+               *map(_specialisation, constexprs),
+               tuple(sorted((name, value) for name, value in constexprs_and_options.items()
+                            if name not in self.parameters)))
+        handle = self.handles.get(key)
+        if handle is None:
+            self.handles[key] = launch(*args, num_warps=num_warps, **constexprs_and_options)
+            return None
+        from .. import _backend
+
+        if _backend.DEBUG:
+            chosen = self.kernel.warmup(*args, grid=grid, num_warps=num_warps,
+                                        **constexprs_and_options)
+            if chosen is not handle:
+                raise AssertionError(f"{self.parameters}: the kept handle of {key} is not the "
+                                     "kernel Triton picks")
+        handle[grid](*args, *constexprs)
+        return None

@@ -32,6 +32,7 @@ One launch, grid (row, vocabulary split):
    (``ops/select.finish_sequence``, the three-launch kernel's last step).
 """
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import POINTER_TYPES, KernelVariant
+from ._triton import POINTER_TYPES, CachedLaunch, KernelVariant
 from .philox import gumbel_from_word
 from .select import _GRANULE, finish_sequence, sequence_of_row
 from .select import _first_best as first_best
@@ -322,6 +323,11 @@ _FP_FUSION = False
 MERGE_CONSTEXPRS = {"BLOCK_ROWS": 2, "SPLIT_BLOCK": MAX_SPLITS}
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # (triton.cdiv is a @jit function: microseconds a call)
+
+
+@functools.lru_cache(maxsize=1024)
 def split_plan(num_rows: int, vocab_size: int, device: torch.device,
                num_splits: int | None = None) -> tuple[int, int]:
     """``(num_splits, split_size)`` of a launch: ``split_size`` a multiple of the tile."""
@@ -333,11 +339,11 @@ def split_plan(num_rows: int, vocab_size: int, device: torch.device,
             target = _PROGRAMS_PER_SM * _multiprocessor_count(index)
         else:
             target = _INTERPRETER_TARGET_PROGRAMS
-        most = min(MAX_SPLITS, triton.cdiv(vocab_size, BLOCK))
-        num_splits = max(1, min(most, triton.cdiv(target, max(num_rows, 1))))
+        most = min(MAX_SPLITS, _cdiv(vocab_size, BLOCK))
+        num_splits = max(1, min(most, _cdiv(target, max(num_rows, 1))))
     num_splits = max(1, min(int(num_splits), MAX_SPLITS))
-    split_size = triton.cdiv(triton.cdiv(vocab_size, num_splits), BLOCK) * BLOCK
-    return triton.cdiv(vocab_size, split_size), split_size
+    split_size = _cdiv(_cdiv(vocab_size, num_splits), BLOCK) * BLOCK
+    return _cdiv(vocab_size, split_size), split_size
 
 
 @dataclass
@@ -374,24 +380,33 @@ class Workspace:
         return num_sequences + num_rows * (1 + 6 * num_splits)
 
 
-# One buffer per (device, stream), grown as needed: a call allocates only its outputs. Calls
-# on one stream run in order, so they can share it; under CUDA graph capture every call gets
-# its own (the graph keeps it).
-_BUFFERS: dict[tuple, torch.Tensor] = {}
+_LAUNCH = CachedLaunch(_select_one_launch_kernel)
+
+# One buffer per (device, stream), grown as needed, and its workspace views per launch shape:
+# a call allocates only its outputs. Calls on one stream run in order, so they can share it;
+# under CUDA graph capture every call gets its own (the graph keeps it).
+_BUFFERS: dict[tuple, tuple[torch.Tensor, dict]] = {}
 
 
-def _buffer(size: int, device: torch.device) -> torch.Tensor:
+def _workspace(num_rows: int, num_sequences: int, num_splits: int,
+               device: torch.device) -> Workspace:
+    size = Workspace.size(num_rows, num_sequences, num_splits)
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            return torch.empty(size, dtype=torch.int32, device=device)
+            buffer = torch.empty(size, dtype=torch.int32, device=device)
+            return Workspace.view(buffer, num_rows, num_sequences, num_splits)
         key = (device, torch.cuda.current_stream(device).cuda_stream)
     else:
         key = (device, None)
-    buffer = _BUFFERS.get(key)
+    buffer, views = _BUFFERS.get(key, (None, None))
     if buffer is None or buffer.numel() < size:
-        buffer = _BUFFERS[key] = torch.empty(max(size, 1 << 16), dtype=torch.int32,
-                                             device=device)
-    return buffer
+        buffer = torch.empty(max(size, 1 << 16), dtype=torch.int32, device=device)
+        buffer, views = _BUFFERS[key] = (buffer, {})
+    shape = (num_rows, num_sequences, num_splits)
+    workspace = views.get(shape)
+    if workspace is None:
+        workspace = views[shape] = Workspace.view(buffer, *shape)
+    return workspace
 
 
 def select_tokens_one_launch(
@@ -426,8 +441,7 @@ def select_tokens_one_launch(
         return out
     num_splits, split_size = split_plan(num_rows, vocab_size, device, num_splits)
     if workspace is None:
-        buffer = _buffer(Workspace.size(num_rows, num_sequences, num_splits), device)
-        workspace = Workspace.view(buffer, num_rows, num_sequences, num_splits)
+        workspace = _workspace(num_rows, num_sequences, num_splits, device)
     else:  # shapes only: no device value is read
         for name, shape in Workspace.shapes(num_rows, num_sequences, num_splits).items():
             part = getattr(workspace, name)
@@ -438,8 +452,8 @@ def select_tokens_one_launch(
     if one_reduction is None:
         one_reduction = not _INTERPRETED
     w = workspace
-    _select_one_launch_kernel[(num_rows, num_splits)](
-        logits, cu_rows, row_pos, temperature, seed, threshold, penalty, w.tickets,
+    _LAUNCH(
+        (num_rows, num_splits), logits, cu_rows, row_pos, temperature, seed, threshold, penalty, w.tickets,
         w.row_sequence, w.partial_float, w.partial_index, w.rescored, token, selected, entropy,
         logits.stride(0), vocab_size, num_rows, num_sequences,
         (num_sequences + 1).bit_length(), split_size, num_splits,

@@ -312,3 +312,29 @@ def test_the_one_reduction_form_gives_the_same_results(sampling):
     assert torch.equal(results[0][1], results[1][1])
     torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-6, atol=1e-6,
                                equal_nan=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_kept_launch_handles_are_the_kernels_triton_picks(monkeypatch):
+    """Launches through kept compiled handles (ops/_triton.CachedLaunch) at specialisations
+    that differ in what Triton specialises on (one split, an odd vocabulary and row stride,
+    a misaligned logits pointer, fp16): with WEDLM_KERNELS_DEBUG Triton's own choice is
+    checked at every launch, and the tokens are the three-launch kernels'."""
+    from wedlm_kernels import _backend
+
+    monkeypatch.setattr(_backend, "DEBUG", True)
+    g = torch.Generator().manual_seed(8)
+    wide = torch.randn(8, 50001, generator=g).cuda()
+    cases = [(wide[:, :50000].bfloat16(), None), (wide[:, :50000].bfloat16(), 1),
+             (wide[:, 1:].half(), None), (wide[:, :4099], 3), (wide.bfloat16()[:, 1:], 2)]
+    for logits, num_splits in cases * 2:  # the second round reuses the kept handles
+        args = batch(logits.float().cpu(), [0, 3, 8], list(range(8)), [0.7, 0.0], [0, 0],
+                     [1.0, 1.0], [0.5, 0.5], [0.02, 0.02], [4, 5])
+        args = (logits,) + tuple(a.cuda() for a in args[1:])
+        for sampling in MODES:
+            mine = select_ops.select_tokens_triton(*args, sampling, kernel="one_launch",
+                                                   num_splits=num_splits)
+            theirs = select_ops.select_tokens_triton(*args, sampling, kernel="three_launch")
+            assert torch.equal(mine[0], theirs[0])
+            assert torch.equal(mine[1], theirs[1])

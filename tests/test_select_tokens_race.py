@@ -81,3 +81,39 @@ def test_flat_top_p_rows_are_bit_identical_across_runs_and_split_counts():
             for token in (int(first[0][r]), int(one_split[0][r])):
                 assert_same_token(token, expected, row, TEMPERATURE, 0, TOP_P[b], 11 + b,
                                   500 + r)
+
+
+ONE_LAUNCH_SPLITS = [2, 7, 37] if ON_GPU else [2]
+ONE_LAUNCH_SEQUENCES = 16 if ON_GPU else 3
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "temperature"])
+def test_one_launch_sequence_tickets_give_bit_identical_runs(sampling):
+    """The one-launch kernel merges a sequence in whichever program of it arrives last (its
+    ticket): every run, at every split count, gives the outputs of the first, and its tokens
+    are the three-launch kernels'."""
+    from wedlm_kernels.ops import select_one_launch
+
+    g = torch.Generator().manual_seed(7)
+    rows_per_sequence = 16 if ON_GPU else 2
+    num_rows = rows_per_sequence * ONE_LAUNCH_SEQUENCES
+    vocab = 151936 if ON_GPU else 9000
+    logits = (torch.randn(num_rows, vocab, generator=g) * 3).to(DEVICE)
+    cu_rows = [rows_per_sequence * b for b in range(ONE_LAUNCH_SEQUENCES + 1)]
+    args = tuple(a.to(DEVICE) for a in batch(
+        logits, cu_rows, [900 + r for r in range(num_rows)],
+        [0.7 * (b % 3) for b in range(ONE_LAUNCH_SEQUENCES)], [0] * ONE_LAUNCH_SEQUENCES,
+        [1.0] * ONE_LAUNCH_SEQUENCES, [0.5] * ONE_LAUNCH_SEQUENCES,
+        [0.02] * ONE_LAUNCH_SEQUENCES, list(range(ONE_LAUNCH_SEQUENCES))))
+    three = select_tokens_triton(*args, sampling, kernel="three_launch")
+    for num_splits in ONE_LAUNCH_SPLITS:
+        first = None
+        for run in range(RUNS):
+            outputs = tuple(t.cpu() for t in select_one_launch.select_tokens_one_launch(
+                args[0], args[1], args[2], args[3], args[6], args[7], args[8],
+                sampling=sampling == "temperature", num_splits=num_splits))
+            if first is None:
+                first = outputs
+                assert torch.equal(first[0], three[0].cpu()), num_splits
+            for name, a, b in zip(("token", "selected", "entropy"), first, outputs):
+                assert torch.equal(a, b), f"{name} differs in run {run} at {num_splits} splits"

@@ -8,7 +8,7 @@ figure is a compile result, arithmetic on it, or host time on CPU tensors.
 - ``variants``: every specialisation ``ops/select.kernel_variants()`` lists (the three-launch
   kernels ``scan_*``, ``filter_*``, ``sequences_splits*``, the ``one_launch_*`` kernels of
   ``ops/select_one_launch.py``, the test kernels), each compiled for sm_90 by
-  ``tests/kernel_harness.compile_sm90`` (Triton's own ptxas, in a child process without
+  ``bench/sm90_compile.compile_sm90`` (Triton's own ptxas, in a child process without
   ``TRITON_INTERPRET``). Per variant: ``registers`` per thread and spill bytes (``ptxas
   -v``), ``shared_bytes`` (static shared memory, ``metadata.shared``), ``num_warps``.
 - ``programs_per_sm`` (:func:`programs_per_sm`): how many programs of the variant one sm_90
@@ -143,7 +143,7 @@ def launched_variant(name: str):
 
 def compile_variants(extra: list[str]) -> dict:
     """Compile facts of every select variant and of ``extra`` (run without TRITON_INTERPRET)."""
-    from tests.kernel_harness import compile_sm90, ptxas_resources
+    from bench.sm90_compile import compile_sm90, ptxas_resources
     from wedlm_kernels.ops import select
 
     listed = select.kernel_variants()

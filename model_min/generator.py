@@ -152,6 +152,21 @@ class SamplingParams:
                 f"{type(self.grammar).__name__}", name("grammar"))
 
 
+def sampling_mode(params: Iterable[SamplingParams], vocab_size: int) -> str:
+    """select_tokens' ``sampling`` argument for requests decoded together, from their
+    host-side parameters: ``"greedy"`` when every request is greedy (temperature 0),
+    ``"temperature"`` when no sampling request uses top-k (``0 < top_k < vocab_size``) or
+    top-p (``top_p < 1``), ``"any"`` otherwise. Each mode agrees with the parameters, so the
+    tokens are the ones ``"any"`` gives; a narrower mode lets a kernel compiled for it run
+    (``WEDLM_KERNELS_SELECT_KERNEL``)."""
+    sampling = [p for p in params if not p.temperature <= 0]
+    if not sampling:
+        return "greedy"
+    if any(0 < p.top_k < vocab_size or not p.top_p >= 1 for p in sampling):
+        return "any"
+    return "temperature"
+
+
 def num_logprobs(params: SamplingParams) -> int | None:
     """The entries a position of ``params``' logprobs lists besides the committed token
     (vLLM's ``SamplingParams.num_logprobs``): ``logprobs``, else the number of
@@ -340,6 +355,7 @@ class Generator:
         self._rules: dict[str, bool] = {}  # the logit rules the current call uses
         self._grammars = False  # whether a request of the current call has a grammar
         self._logprobs = False  # whether a request of the current call asks for logprobs
+        self._sampling = "any"  # select_tokens' sampling mode for the current call
         self._device = model.device
         self._holding: list[_Request] = []  # admitted requests whose pages are not freed yet
 
@@ -380,6 +396,9 @@ class Generator:
             return []
         self._mode = mode
         self._rules = self._rules_of(requests)
+        # (host facts, once per call: the step passes the mode without reading a tensor)
+        self._sampling = sampling_mode((r.params for r in requests),
+                                       self.model.lm_head.shape[0])
         self._grammars = any(r.grammar is not None for r in requests)
         self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
@@ -599,7 +618,11 @@ class Generator:
         size = bucket_size(len(owners), self.max_batch)
         padded = state.padded(size, self.mask_token_id or 0)
         owners = owners + [None] * (size - len(owners))
-        return self.graphs.run(padded, self.poll_every, self._mode, self._rows_for_step), owners
+        # a graph replays the Python branches it was captured with: the sampling mode and
+        # the rules (min_p and min_tokens change no state shape) are part of its key
+        variant = (self._sampling, tuple(sorted(self._rules.items())))
+        return self.graphs.run(padded, self.poll_every, self._mode, self._rows_for_step,
+                               variant), owners
 
     def _plan_grammar(self, state: BatchState, owners: list) -> GrammarStep | None:
         """Walk each structured request's window with its grammar before a step
@@ -965,7 +988,7 @@ class Generator:
             grammar.restore_dead_rows(logits)
         token, selected, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p, s.threshold,
-            s.penalty, s.seed,
+            s.penalty, s.seed, sampling=self._sampling,
         )
         if grammar is not None:
             grammar.settle(selected)
@@ -1035,6 +1058,7 @@ class Generator:
         token, _, _ = wk.select_tokens(
             logits, cu_rows, row_pos, s.temperature, s.top_k, s.top_p,
             torch.full_like(s.threshold, -math.inf), s.penalty, s.seed,
+            sampling=self._sampling,
         )
         self._keep_logprobs(s, raw, logits, cu_rows, row_pos, row_sequence, token,
                             live & (row_pos >= 0))

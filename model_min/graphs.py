@@ -12,7 +12,7 @@ feeds none of their rows; an AR step feeds one row each, which writes no K/V (it
 output is NaN, having no page) and whose token is discarded.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -28,11 +28,13 @@ def bucket_size(size: int, max_batch: int) -> int:
 
 
 class StepGraphs:
-    """Captured ``step(state, mode, num_rows)`` calls per (mode, batch signature, rows)."""
+    """Captured ``step(state, mode, num_rows)`` calls per (mode, batch signature, variant,
+    rows); ``variant``: what else the step's Python branches depend on (the generator's
+    sampling mode and logit rules), which no state shape shows."""
 
     def __init__(self, step: Callable[..., None]) -> None:
         self.step = step
-        # (mode, batch signature) -> (static state, {rows: graph})
+        # (mode, batch signature, variant) -> (static state, {rows: graph})
         self.batches: dict[tuple, tuple[BatchState, dict]] = {}
         self.pool = None
 
@@ -41,10 +43,12 @@ class StepGraphs:
         self.batches.clear()
 
     def run(self, state: BatchState, steps: int, mode: str,
-            rows_for_step: Callable[[BatchState], int | None]) -> BatchState:
+            rows_for_step: Callable[[BatchState], int | None],
+            variant: Hashable = None) -> BatchState:
         """Run ``steps`` steps on ``state``'s values, each by replaying the graph of the rows
-        ``rows_for_step`` gives for it; returns the static state that holds the result."""
-        key = (mode, state.signature())
+        ``rows_for_step`` gives for it; returns the static state that holds the result.
+        ``variant``: a graph captured under another variant is never replayed."""
+        key = (mode, state.signature(), variant)
         if key not in self.batches:
             self.batches[key] = (self.static_buffers(state), {})
         static, graphs = self.batches[key]

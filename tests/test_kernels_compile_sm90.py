@@ -52,10 +52,10 @@ print(json.dumps(results))
 #   row stride that are multiples of 16 keeps 80 registers and spills 12 bytes (flags and
 #   the thread index) around the slow-path calls of its IEEE divisions (x / temperature
 #   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
-#   at head size 32 and 64 spill 8 bytes; select_tokens' one-launch greedy kernel on fp16
-#   logits whose vocabulary size or row stride is not a multiple of 16 (scalar loads, no
-#   asynchronous copies) spills 8. Triton 3.6 compiles all of them without a spill (make
-#   test-oldest runs this test on it).
+#   at head size 32 and 64 spill 8 bytes; select_tokens' one-launch greedy kernel on fp32
+#   and fp16 logits whose vocabulary size or row stride is not a multiple of 16 (narrower
+#   loads; such vocabularies are rare, and not measured) spills 16 and 8. Triton 3.6
+#   compiles all of them without a spill (make test-oldest runs this test on it).
 _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": size
                   for slots, size in ((32, 4), (256, 8)) for limited in (False, True)}
 # - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
@@ -90,6 +90,7 @@ KNOWN_SPILL_BYTES = {
             **_attention_spills("3.7"),
             "select_tokens:scan_fp32_aligned16": 12, "select_tokens:scan_fp16_aligned16": 12,
             "select_tokens:scan_bf16_aligned16": 12, "select_tokens:one_launch_greedy_fp16": 8,
+            "select_tokens:one_launch_greedy_fp32": 16,
             "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,
             "paged_attention:attention_fp16_d64_m16_n32_w4": 8},
 }

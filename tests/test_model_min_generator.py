@@ -576,7 +576,7 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
         assert [r.token_ids for r in results] == [r.token_ids for r in eager]
         assert [(r.forwards, r.rows) for r in results] == [(r.forwards, r.rows) for r in eager]
         sizes = {dict((name, shape) for name, shape, _ in signature)["win_len"][0]
-                 for _, signature in generator.graphs.batches}
+                 for _, signature, _ in generator.graphs.batches}
         assert len(sizes) >= 2  # several batch buckets were used
         if mode == "streaming":  # and several row buckets
             assert max(len(graphs) for _, graphs in generator.graphs.batches.values()) >= 2
@@ -661,3 +661,121 @@ def test_window_must_be_a_positive_int_or_auto(tiny, window):
     with pytest.raises(ValueError, match='window must be an integer from 1 to 4096, got .* '
                                          r'\(or "auto"\)'):
         Generator(model, window=window)
+
+
+# ---------------------------------------------------------------- select_tokens' sampling mode
+
+
+def test_sampling_mode_is_the_narrowest_that_agrees_with_every_request():
+    from model_min.generator import sampling_mode
+
+    def mode(*params, vocab=64):
+        return sampling_mode([SamplingParams(**p) for p in params], vocab)
+
+    greedy, warm = dict(temperature=0.0), dict(temperature=0.7)
+    assert mode(greedy) == mode(greedy, greedy) == "greedy"
+    # (a greedy request's top_k and top_p are set off; they are never read for it anyway)
+    assert mode(dict(temperature=0.0, top_k=5, top_p=0.5)) == "greedy"
+    assert mode(warm) == mode(greedy, warm) == "temperature"
+    # top-k off: -1, 0, or at least the vocabulary; top-p off: 1
+    assert mode(dict(temperature=0.7, top_k=-1, top_p=1.0)) == "temperature"
+    assert mode(dict(temperature=0.7, top_k=64)) == mode(dict(temperature=0.7, top_k=10**6)) \
+        == "temperature"
+    assert mode(dict(temperature=0.7, top_k=63)) == mode(dict(temperature=0.7, top_k=1)) \
+        == "any"
+    assert mode(dict(temperature=0.7, top_p=0.999)) == "any"
+    assert mode(greedy, warm, dict(temperature=1.0, top_p=0.9)) == "any"
+    assert mode() == "greedy"  # (no request: nothing samples)
+
+
+@pytest.fixture
+def recorded_modes(monkeypatch):
+    """The ``sampling`` argument of every select_tokens call (the generator calls
+    ``wk.select_tokens``); ``forced[0]``, when set, replaces it."""
+    import wedlm_kernels
+
+    original = wedlm_kernels.select_tokens
+    calls: list[str] = []
+    forced: list[str | None] = [None]
+
+    def select_tokens(*args, sampling="any"):
+        calls.append(sampling)
+        return original(*args, sampling=forced[0] or sampling)
+
+    monkeypatch.setattr(wedlm_kernels, "select_tokens", select_tokens)
+    return calls, forced
+
+
+MODE_CASES = {
+    "greedy": CASES["greedy"],
+    # temperature only: top_k -1 / 0 / the whole vocabulary, top_p 1, one greedy request
+    "temperature": [
+        SamplingParams(max_new_tokens=12, temperature=0.8, top_k=-1, threshold=3.0, seed=11),
+        SamplingParams(max_new_tokens=10, temperature=1.3, threshold=2.8, seed=2**40 + 7),
+        SamplingParams(max_new_tokens=13, temperature=0.6, top_k=10**6, threshold=None,
+                       seed=-5),
+        SamplingParams(max_new_tokens=7, threshold=2.8, seed=4),
+    ],
+    "any": CASES["sampling"],
+}
+
+
+@pytest.mark.parametrize("mode", ["streaming", "ar"])
+def test_every_select_call_gets_the_calls_sampling_mode_and_the_same_tokens(
+        tiny, mode, recorded_modes):
+    """Each generate call passes select_tokens the mode its requests' parameters allow
+    (greedy, temperature only, top-k / top-p), in every step (and AR's prefill commit);
+    the tokens, forwards and rows are those of the full rule ("any")."""
+    _, model = tiny
+    calls, forced = recorded_modes
+    generator = Generator(model, window=4, page_size=4, max_batch=3)
+    tokens = {}
+    for expected, params in MODE_CASES.items():
+        calls.clear()
+        results = generator.generate(PROMPTS, params, mode=mode)
+        assert calls and set(calls) == {expected}
+        forced[0] = "any"
+        full_rule = generator.generate(PROMPTS, params, mode=mode)
+        forced[0] = None
+        assert [(r.token_ids, r.forwards, r.rows) for r in results] == [
+            (r.token_ids, r.forwards, r.rows) for r in full_rule]
+        tokens[expected] = [r.token_ids for r in results]
+    # not vacuous: the temperature case samples (greedy decoding gives other tokens)
+    greedy = generator.generate(PROMPTS, [dataclasses.replace(p, temperature=0.0)
+                                          for p in MODE_CASES["temperature"]], mode=mode)
+    assert [r.token_ids for r in greedy][:3] != tokens["temperature"][:3]
+
+
+def test_a_graph_replays_only_under_the_sampling_mode_and_rules_it_was_captured_with(tiny):
+    """The step's sampling mode and logit rules are Python branches a captured graph keeps:
+    the graphs' key holds them, so a call in another mode (or with min_p, which changes no
+    state shape) captures its own graphs instead of replaying the last call's."""
+    from model_min.graphs import StepGraphs
+
+    _, model = tiny
+    generator = Generator(model, window=4, page_size=4, max_batch=2)
+
+    class CheckedReplay(_EagerReplay):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.captured = (generator._sampling, dict(generator._rules))
+
+        def replay(self):
+            assert (generator._sampling, generator._rules) == self.captured
+            super().replay()
+
+    class EagerGraphs(StepGraphs):
+        def _capture(self, static, mode, rows):
+            return CheckedReplay(self.step, static, mode, rows)
+
+    generator.graphs = EagerGraphs(generator._step)
+    base = SamplingParams(max_new_tokens=6, threshold=2.8, seed=5)
+    calls = [base, dataclasses.replace(base, temperature=0.8),
+             dataclasses.replace(base, temperature=0.8, min_p=0.2),
+             dataclasses.replace(base, temperature=0.8, top_p=0.9), base]
+    for params in calls:
+        results = generator.generate(PROMPTS[:2], params)
+        assert all(len(r.token_ids) == 6 for r in results)
+    variants = {variant for _, _, variant in generator.graphs.batches}
+    assert {sampling for sampling, _ in variants} == {"greedy", "temperature", "any"}
+    assert len(variants) == 4

@@ -207,7 +207,7 @@ def test_only_sub_tiles_whose_bound_reaches_the_best_score_are_scored_exactly(pe
                         [position], temperature=1.0, seed=seed)
     token, _, _, workspace = run_one_launch(args, "temperature", num_splits=1)
     assert int(token[0]) == peak_index
-    assert int(workspace.rescored[0, 0]) == peak_index // 1024 + 1
+    assert int(workspace.rescored[0, 0]) == peak_index // (one_launch.SUB_GRANULES * 64) + 1
 
 
 def test_ties_between_tiles_and_splits_take_the_first_index():

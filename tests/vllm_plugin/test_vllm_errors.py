@@ -134,9 +134,10 @@ def _selects_nothing_for(seed: int | None):
     select_tokens = wk.select_tokens
 
     def select(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
-               seeds):
+               seeds, sampling="any"):
         token, selected, entropy = select_tokens(logits, cu_rows, row_pos, temperature,
-                                                 top_k, top_p, threshold, penalty, seeds)
+                                                 top_k, top_p, threshold, penalty, seeds,
+                                                 sampling)
         rows = torch.arange(selected.numel(), device=selected.device)
         owner = torch.searchsorted(cu_rows[1:].long(), rows, right=True).clamp(
             max=seeds.numel() - 1)

@@ -297,13 +297,15 @@ def gumbel_bound_triton(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 # Launcher.
 # ----------------------------------------------------------------------------------------
 
-# Tiles of 4096 logits with 8 warps (16 per thread), a 4-stage load pipeline (3 tiles in
-# flight per program); sub-tiles of 1024 entries for the exact scores (the random words of a
-# whole tile would not fit in registers). The compile facts (bench/compile_facts.py,
-# bench/results/sm90_compile/) give the registers, programs per SM and bytes in flight.
+# Tiles of 4096 logits with 8 warps (16 per thread) through a load pipeline of 4 stages for
+# 2-byte logits (3 tiles, 24 KB, in flight per program) and 3 for fp32 (2 tiles, 32 KB: at 4
+# the temperature kernel spills with Triton 3.6); sub-tiles of 512 entries for the exact
+# scores (at 1024 the temperature kernel spills with Triton 3.6). The compile facts
+# (bench/compile_facts.py, bench/results/sm90_compile/) give the registers, programs per SM
+# and bytes in flight.
 BLOCK = 4096
-STAGES = 4
-SUB_GRANULES = 16
+STAGES = {torch.float32: 3, torch.float16: 4, torch.bfloat16: 4}
+SUB_GRANULES = 8
 WARPS = 8
 # Vocabulary splits: enough programs for PROGRAMS_PER_SM per multiprocessor when rows are
 # few, each split at least one tile; the interpreter gets a fixed target.
@@ -457,7 +459,8 @@ def select_tokens_one_launch(
         w.row_sequence, w.partial_float, w.partial_index, w.rescored, token, selected, entropy,
         logits.stride(0), vocab_size, num_rows, num_sequences,
         (num_sequences + 1).bit_length(), split_size, num_splits,
-        BLOCK=BLOCK, STAGES=STAGES, ONE_REDUCTION=one_reduction, SAMPLING=sampling,
+        BLOCK=BLOCK, STAGES=STAGES[logits.dtype], ONE_REDUCTION=one_reduction,
+        SAMPLING=sampling,
         SUB_GRANULES=SUB_GRANULES,
         **MERGE_CONSTEXPRS,
         num_warps=WARPS, enable_fp_fusion=_FP_FUSION,
@@ -491,7 +494,7 @@ def kernel_variants() -> list[KernelVariant]:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for sampling in (False, True):
             for suffix, aligned in (("", ("split_size",)), ("_aligned16", _ALIGNED)):
-                constexprs = dict(BLOCK=BLOCK, STAGES=STAGES, ONE_REDUCTION=True,
+                constexprs = dict(BLOCK=BLOCK, STAGES=STAGES[dtype], ONE_REDUCTION=True,
                                   SAMPLING=sampling, SUB_GRANULES=SUB_GRANULES,
                                   **MERGE_CONSTEXPRS)
                 pointers = dict(_POINTERS, logits_ptr=POINTER_TYPES[dtype])

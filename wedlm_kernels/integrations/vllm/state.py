@@ -126,6 +126,21 @@ def _stored(name: str, value, dtype: torch.dtype) -> int:
     return value
 
 
+def sampling_mode(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                  vocab_size: int) -> str:
+    """select_tokens' ``sampling`` argument for a step's requests, from their host-side
+    parameters (one entry each): ``"greedy"`` when every request is greedy (temperature
+    <= 0), ``"temperature"`` when no sampling request uses top-k (``0 < top_k <
+    vocab_size``) or top-p (``top_p < 1``), ``"any"`` otherwise. Each mode agrees with the
+    parameters, so the tokens are the ones ``"any"`` gives; a narrower mode lets a kernel
+    compiled for it run (``WEDLM_KERNELS_SELECT_KERNEL``)."""
+    samples = ~(temperature <= 0)
+    if not samples.any():
+        return "greedy"
+    filtered = samples & (((top_k > 0) & (top_k < vocab_size)) | ~(top_p >= 1))
+    return "any" if filtered.any() else "temperature"
+
+
 class NoProgressError(RuntimeError):
     """A request committed no token for more decode steps than a correct step allows."""
 
@@ -275,6 +290,10 @@ class WeDLMModelState(DefaultModelState):
         # Host facts: which rule groups each slot's request uses, and the admissions'
         # vocabulary-wide rows staged for apply_staged_writes.
         self._rules = {rule: np.zeros(slots, dtype=bool) for rule in RULES}
+        # Host facts: each slot's temperature, top_k and top_p as stored (a free slot's:
+        # greedy), from which the sampler picks select_tokens' sampling mode per step.
+        self._sampling_params = np.zeros((3, slots), dtype=np.float64)
+        self._sampling_params[2] = 1.0
         self._staged_counts: list[tuple[int, list[int], list[int]]] = []  # slot, prompt, out
         self._staged_allowed: list[tuple[int, list[int]]] = []  # slot, bitmask words
         # Logprobs (wedlm_kernels.logprobs): each window slot's record, kept from the step
@@ -399,6 +418,7 @@ class WeDLMModelState(DefaultModelState):
         self._request_of[slot] = request_id
         self._block_window[slot] = settings.window if settings.mode == "blockwise" else 0
         self._structured[slot] = getattr(params, "structured_outputs", None) is not None
+        self._sampling_params[:, slot] = values.temperature, values.top_k, values.top_p
         win_len = min(settings.window, remaining)
         saved_row = -1
         # A request vLLM removed before (preempted, with or without committed tokens)
@@ -602,6 +622,7 @@ class WeDLMModelState(DefaultModelState):
             return
         self._request_of[slot] = ""
         self._structured[slot] = False
+        self._sampling_params[:, slot] = 0.0, 0, 1.0
         self._bad_word_count[slot] = self._bad_word_len[slot] = 0
         count = int(self._num_logprobs[slot])
         self._num_logprobs[slot] = -1
@@ -1170,9 +1191,13 @@ class WeDLMSampler:
                                   {rule: rule == "min_p" for rule in RULES})
         if grammar is not None:
             grammar.restore_dead_rows(logits)
+        # the narrowest sampling mode the step's requests allow (host facts)
+        temperature, top_k, top_p = state._sampling_params[:, step["slots_np"]]
+        sampling = sampling_mode(temperature, top_k, top_p, logits.shape[-1])
         token, selected, _ = wk.select_tokens(
             logits, cu_rows, row_pos, take(state.temperature), take(state.top_k),
             take(state.top_p), take(state.threshold), take(state.penalty), take(state.seed),
+            sampling=sampling,
         )
         win_tokens, win_mask = take(state.win_tokens), take(state.win_mask)
         if grammar is not None:  # every decided slot filled; rejected ones masked again

@@ -133,6 +133,13 @@ MUTATIONS: list[Mutation] = [
         SELECT_TESTS, "top-k drops the k-th largest value and its ties",
     ),
     Mutation(
+        "select-checks-cached-without-dtype", SELECT,
+        (("return (sampling, *((a.dtype, a.shape, a.stride(), a.device) for a in arguments))",
+          "return (sampling, *((a.shape, a.stride(), a.device) for a in arguments))"),),
+        SELECT_TESTS, "a call whose dtypes differ from a checked call's skips the checks",
+        keyword="checked_once",
+    ),
+    Mutation(
         "select-host-nan-temperature-greedy", SELECT,
         (("sampling = (~(temperature <= 0)).nonzero()", "sampling = (temperature > 0).nonzero()"),),
         ("tests/test_select_tokens.py",),

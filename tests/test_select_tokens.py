@@ -685,3 +685,29 @@ def test_tensors_on_different_devices_are_rejected():
     args[0] = args[0].cuda()
     with pytest.raises(ValueError, match="device|cuda"):
         wk.select_tokens(*args)
+
+
+def test_arguments_are_checked_once_per_signature_and_every_new_signature_is_checked(
+        monkeypatch):
+    """A decode loop's repeated calls pay the checks once per signature (dtypes, shapes,
+    strides, devices, mode); a call that differs in any of them is checked again."""
+    from wedlm_kernels.ops import select as select_module
+
+    calls = []
+    check = select_module._check_arguments
+    monkeypatch.setattr(select_module, "_check_arguments",
+                        lambda *args: calls.append(1) or check(*args))
+    monkeypatch.setattr(select_module, "_CHECKED", set())
+    args = one_sequence([[0.0, 1.0, 2.0], [3.0, 1.0, 0.5]], [4, 5])
+    for _ in range(3):
+        wk.select_tokens(*args, sampling="greedy")
+    assert len(calls) == 1
+    wk.select_tokens(*args)  # another mode
+    assert len(calls) == 2
+    with pytest.raises(TypeError, match="`temperature`"):
+        wk.select_tokens(*args[:3], args[3].double(), *args[4:])
+    strided = torch.zeros(2, 6)[:, ::2]
+    with pytest.raises(ValueError, match="`logits` must have stride 1"):
+        wk.select_tokens(strided, *args[1:])
+    with pytest.raises(ValueError, match="`sampling`"):
+        wk.select_tokens(*args, sampling=["greedy"])

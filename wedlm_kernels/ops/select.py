@@ -114,6 +114,40 @@ def select_tokens(
     >>> token.tolist(), selected.tolist()
     ([1, 0, 0], [True, False, True])
     """
+    arguments = (logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed)
+    signature = _signature(arguments, sampling)
+    if signature is None or signature not in _CHECKED:
+        _check_arguments(*arguments, sampling)
+        if signature is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add(signature)
+    if _backend.DEBUG:
+        num_rows = logits.shape[0]
+        debug_check(cu_rows[0] >= 0, "cu_rows[0] must be >= 0")
+        debug_check(cu_rows[1:] >= cu_rows[:-1], "cu_rows must be non-decreasing")
+        debug_check(cu_rows[-1] <= num_rows, f"cu_rows[-1] must be <= R = {num_rows}")
+    return _dispatch.call(
+        "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
+        seed, sampling,
+    )
+
+
+# The argument signatures (types, dtypes, shapes, strides, devices, mode) that passed the
+# checks, so that a decode loop's calls are checked once per shape (in plain eager mode: a
+# traced call checks every time).
+_CHECKED: set[tuple] = set()
+
+
+def _signature(arguments: tuple, sampling: object) -> tuple | None:
+    if (type(sampling) is not str or torch.compiler.is_compiling()
+            or not all(type(a) is torch.Tensor for a in arguments)):
+        return None
+    return (sampling, *((a.dtype, a.shape, a.stride(), a.device) for a in arguments))
+
+
+def _check_arguments(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
+                     seed, sampling) -> None:
     dims = Dims()
     check_tensor("logits", logits, FLOAT_DTYPES, ("R", "V"), dims, unit_last_stride=True)
     if dims["V"] < 1:
@@ -135,14 +169,6 @@ def select_tokens(
     check_same_device(
         logits=logits, cu_rows=cu_rows, row_pos=row_pos, temperature=temperature,
         top_k=top_k, top_p=top_p, threshold=threshold, penalty=penalty, seed=seed,
-    )
-    if _backend.DEBUG:
-        debug_check(cu_rows[0] >= 0, "cu_rows[0] must be >= 0")
-        debug_check(cu_rows[1:] >= cu_rows[:-1], "cu_rows must be non-decreasing")
-        debug_check(cu_rows[-1] <= dims["R"], f"cu_rows[-1] must be <= R = {dims['R']}")
-    return _dispatch.call(
-        "select_tokens", logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,
-        seed, sampling,
     )
 
 

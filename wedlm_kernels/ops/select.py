@@ -1281,13 +1281,14 @@ def select_tokens_triton(
         (num_sequences + 1).bit_length(), split_size, num_splits, num_granules,
         **_SCAN_CONSTEXPRS, num_warps=_SCAN_WARPS,
     )
-    _select_filter_kernel[(num_rows, num_splits)](
-        logits, row_pos, temperature, top_k, top_p, seed, w.row_sequence, w.granule_max,
-        w.top_score, w.top_index, w.arrivals, w.mass_above, w.candidates, w.floor, w.path,
-        w.partial_float, w.partial_index, logits.stride(0), vocab_size, num_granules,
-        split_size, num_splits, **_FILTER_CONSTEXPRS,
-        MAX_CANDIDATES=w.candidates.shape[1], num_warps=_FILTER_WARPS,
-    )
+    if sampling == "any":  # (other modes have no top-k or top-p row: nothing to filter)
+        _select_filter_kernel[(num_rows, num_splits)](
+            logits, row_pos, temperature, top_k, top_p, seed, w.row_sequence, w.granule_max,
+            w.top_score, w.top_index, w.arrivals, w.mass_above, w.candidates, w.floor, w.path,
+            w.partial_float, w.partial_index, logits.stride(0), vocab_size, num_granules,
+            split_size, num_splits, **_FILTER_CONSTEXPRS,
+            MAX_CANDIDATES=w.candidates.shape[1], num_warps=_FILTER_WARPS,
+        )
     if num_sequences > 0:
         split_block = next_power_of_2(num_splits)
         _select_sequences_kernel[(num_sequences,)](

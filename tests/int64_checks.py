@@ -115,7 +115,8 @@ def select_tokens_rows(device: str = "cpu") -> None:
     """Four rows of fp16 logits 2^30 + 64 elements apart (a view into a reserved buffer):
     rows 2 and 3 start past 2^31, where ``row * row_stride`` only fits in int64 (the stride
     itself fits in int32, so Triton passes it as an i32). A greedy and a sampling row
-    (top-k and top-p, which run the filter kernel's searches) on each side of 2^31."""
+    (top-k and top-p, which run the filter kernel's searches) on each side of 2^31; then
+    the one-launch kernel's greedy and temperature calls on the same rows."""
     from wedlm_kernels.ops.select import select_tokens_torch, select_tokens_triton
 
     vocab, num_rows, stride = 300, 4, 2**30 + 64
@@ -141,6 +142,14 @@ def select_tokens_rows(device: str = "cpu") -> None:
     assert token.cpu().tolist() == expected_token.tolist()
     assert selected.cpu().tolist() == expected_selected.tolist()
     torch.testing.assert_close(entropy.cpu(), expected_entropy, rtol=1e-5, atol=5e-6)
+    # the one-launch kernel, its greedy and its temperature variant
+    for sampling in ("greedy", "temperature"):
+        token, selected, entropy = select_tokens_triton(
+            logits, *(p.to(device) for p in params), sampling, kernel="one_launch")
+        expected = select_tokens_torch(values, *params, sampling)
+        assert token.cpu().tolist() == expected[0].tolist(), sampling
+        assert selected.cpu().tolist() == expected[1].tolist(), sampling
+        torch.testing.assert_close(entropy.cpu(), expected[2], rtol=1e-5, atol=5e-6)
 
 
 def silu_mul_rows(device: str = "cpu") -> None:

@@ -15,19 +15,32 @@ whole budget (``GPU_CHECK_BUDGET_S``, default 500 s, less ``PACK_RESERVE_S`` for
 packing), so the run ends within the budget however the steps fare:
 
 1. probe: versions, Liger importable, ``nvidia-smi`` (a missing GPU or Liger fails it);
-2. ``tests/test_select_tokens_kernel.py`` whole (smoke hypothesis profile);
+
+then select_tokens' two kernels, first (the select kernel setting's default follows what
+this part measures); the limits of steps 2 to 5 add up to 6 minutes (``SELECT_STEPS_S``):
+
+2. the select kernel tests, three launches and one (``tests/test_select_tokens_kernel.py``
+   and ``tests/test_select_one_launch.py`` whole, in one process; smoke hypothesis profile);
 3. the race stress test of select_tokens (``tests/test_select_tokens_race.py``);
-4. ``tests/test_paged_attention_kernel.py`` whole;
-5. the rope, reorder, commit, silu and process_logits kernel test files, in one process
+4. ``bench.select_tokens --quick``: the three-launch kernels and the one-launch kernel timed
+   side by side in one run (its summary's ``new_over_old_min``), with its logit-rules cases
+   (process_logits + select_tokens against select_tokens alone, a few seconds more);
+5. ``bench.host_time --ops select_tokens``: the host time of the eager select_tokens call,
+   and of its greedy call under each select kernel setting (``host_time_select_tokens.json``,
+   summary ``select_host_us_eager``);
+
+then the rest:
+
+6. ``tests/test_paged_attention_kernel.py`` whole;
+7. the rope, reorder, commit, silu and process_logits kernel test files, in one process
    (with the other cuda-marked tests one by one: select_tokens' and process_logits' device
    checks);
-6. model_min's generator and layer tests ``-m cuda``, with ``MODEL_MIN_REQUIRE_LIGER=1`` (a
+8. model_min's generator and layer tests ``-m cuda``, with ``MODEL_MIN_REQUIRE_LIGER=1`` (a
    skipped Liger test fails);
-7. ``bench.select_tokens --quick`` (with its logit-rules cases: process_logits +
-   select_tokens against select_tokens alone, a few seconds more);
-8. ``bench.decode_step --quick`` at B 1 and 16;
-9. ``bench.paged_attention --quick``; 10. ``bench.host_time --quick`` (pytest-benchmark);
-11. the window sweeps of a Qwen3-8B-shaped random model, with whatever time is left.
+9. ``bench.decode_step --quick`` at B 1 and 16;
+10. ``bench.paged_attention --quick``; 11. ``bench.host_time --quick`` (pytest-benchmark,
+    every op);
+12. the window sweeps of a Qwen3-8B-shaped random model, with whatever time is left.
 
 Results, in ``$OUT`` (default ``${TMPDIR:-/tmp}/gpu_check_out``), kept as the run goes:
 
@@ -69,6 +82,7 @@ MIN_STEP_S = 5  # a step with less time left than this is skipped
 REPACK_EVERY_S = 20
 KILL_GRACE_S = 10  # SIGTERM, then SIGKILL after this long
 PER_TEST_TIMEOUT_S = 120  # pytest-timeout, where the plugin is installed
+SELECT_STEPS_S = 360  # the limits of the select steps after the probe, together
 SWEEP_ARGS = ("--batch-sizes 1 4 16 64 --windows 4 8 16 32 --thresholds 0.4 --modes streaming "
               "ar --max-new-tokens 32 --repeats 1 --cuda-graph --ignore-eos")
 
@@ -107,15 +121,20 @@ def plan() -> list[Step]:
         "tests/test_process_logits.py::test_tensors_on_different_devices_are_rejected_on_gpu"]
     return [
         Step("probe", 60, ["-m", "bench.gpu_check", "--probe"]),
-        _pytest("select_tokens kernel tests", 150, "tests/test_select_tokens_kernel.py"),
-        _pytest("select_tokens race stress", 60, "tests/test_select_tokens_race.py"),
+        # the select steps (SELECT_STEPS_S in all; the three-launch file took 130 s alone)
+        _pytest("select_tokens kernel tests (three launches, one launch)", 200,
+                "tests/test_select_tokens_kernel.py", "tests/test_select_one_launch.py"),
+        _pytest("select_tokens race stress", 40, "tests/test_select_tokens_race.py"),
+        _bench("bench.select_tokens --quick (three launches vs one)", 75,
+               "bench.select_tokens --quick"),
+        _bench("bench.host_time --ops select_tokens", 45,
+               "bench.host_time --ops select_tokens"),
         _pytest("paged_attention kernel tests", 120, "tests/test_paged_attention_kernel.py"),
         _pytest("rope, reorder, commit, silu, process_logits kernel tests", 120,
                 *window_kernels),
         _pytest("model_min cuda tests (Liger required)", 90, "-m", "cuda",
                 "tests/test_model_min_generator.py", "tests/test_model_min_layers.py",
                 env={"MODEL_MIN_REQUIRE_LIGER": "1"}),
-        _bench("bench.select_tokens --quick", 75, "bench.select_tokens --quick"),
         _bench("bench.decode_step --quick (B 1, 16)", 150,
                "bench.decode_step --quick --batches 1 16"),
         _bench("bench.paged_attention --quick", 60, "bench.paged_attention --quick"),

@@ -1,6 +1,7 @@
 """Host time of one eager call of every public op, measured with pytest-benchmark.
 
-    python -m bench.host_time [--quick] [--out-dir DIR]    # bench/results/<device>/host_time.*
+    python -m bench.host_time [--quick] [--ops OP ...] [--out-dir DIR]
+                                              # bench/results/<device>/host_time.*
     pytest bench/test_host_time.py --benchmark-only [--benchmark-json FILE]
     pytest bench/test_host_time.py --benchmark-disable     # each call once, as a test (CI)
 
@@ -11,16 +12,27 @@ has one benchmark per public op and entry point (the public function ``wk.<op>``
 ``torch.library`` dispatcher ``torch.ops.wedlm.<op>``, and on CUDA the Triton launcher
 alone), on CPU tensors and, when a GPU is present, on CUDA tensors, at batch-1 decode shapes
 (:func:`decode_inputs`: Qwen3-8B's on CUDA, one sequence, a window of 19 live rows in 32
-slots, 512 positions of context; tiny ones on the CPU).
+slots, 512 positions of context; tiny ones on the CPU). ``select_tokens`` is also timed
+with ``sampling="greedy"`` through the public function under each select kernel setting
+(``WEDLM_KERNELS_SELECT_KERNEL``: ``three_launch``, ``one_launch``; the setting is read at
+import, so the benchmark sets ``wedlm_kernels._backend.SELECT_KERNEL``, which the launcher
+reads on every call). On CPU tensors the PyTorch implementation runs whatever the setting.
 
 On CUDA every round synchronises the device first (pytest-benchmark's ``setup``, not
 timed) and then times one call: the call returns once its kernels are queued, so the figure
 is the host time of the call, not the device's. On the CPU the ops run the PyTorch
 implementations, so a CPU figure is the whole call (labelled a CPU measurement).
 
-``python -m bench.host_time`` runs the benchmarks (``--quick``: few rounds) and writes
-pytest-benchmark's JSON with a top-level ``"summary"`` (``max_public_op_host_us`` per
-device: the slowest public op's median) and a Markdown table beside it.
+``python -m bench.host_time`` runs the benchmarks (``--quick``: few rounds; ``--ops``: only
+those of the ops named, e.g. ``--ops select_tokens``, written to
+``host_time_select_tokens.*``) and writes pytest-benchmark's JSON with a top-level
+``"summary"`` and a Markdown table beside it. The summary (medians, µs):
+
+- ``max_public_op_host_us_<device>``: the slowest public op's (runs of every op only);
+- ``select_host_us_eager``: the public ``select_tokens(..., sampling="greedy")`` call under
+  the ``one_launch`` setting on CUDA tensors (None without a GPU);
+- ``select_greedy_host_us_<device>_<setting>``: that call per device and setting
+  (``..._cpu_...``: CPU measurements, the PyTorch implementation).
 """
 
 import argparse
@@ -51,7 +63,9 @@ ROUNDS = 200
 WARMUP_ROUNDS = 10
 # Public ops: everything wedlm_kernels exports but its settings and the RoPE table helper
 # and its YaRN argument.
-NOT_OPS = ("BACKEND", "DEBUG", "YarnScaling", "rope_cache")
+NOT_OPS = ("BACKEND", "DEBUG", "SELECT_KERNEL", "YarnScaling", "rope_cache")
+# the WEDLM_KERNELS_SELECT_KERNEL settings (wedlm_kernels/_backend.py)
+SELECT_KERNELS = ("three_launch", "one_launch")
 
 
 def public_ops() -> list[str]:
@@ -136,24 +150,39 @@ def commit_inputs(device: torch.device) -> tuple:
     return (*state.values(), 16, 5, False)
 
 
-def summarise(benchmarks: list[dict]) -> dict:
-    """``max_public_op_host_us`` per device: the largest median (us) of a public call."""
+def summarise(benchmarks: list[dict], every_op: bool = True) -> dict:
+    """The summary (module docstring) of pytest-benchmark's ``benchmarks``; ``every_op``:
+    whether the run timed every public op (else no ``max_public_op_host_us_<device>``)."""
     medians: dict[str, list[float]] = {}
+    select: dict[tuple[str, str], float] = {}
     for entry in benchmarks:
         params = entry.get("params") or {}
+        median_us = entry["stats"]["median"] * 1e6
         if params.get("entry") == "public":
-            medians.setdefault(params["device"], []).append(entry["stats"]["median"] * 1e6)
-    return {f"max_public_op_host_us_{device}": max(values) for device, values in medians.items()}
+            medians.setdefault(params["device"], []).append(median_us)
+        elif "kernel" in params:
+            select[params["device"], params["kernel"]] = median_us
+    summary = {f"max_public_op_host_us_{device}": max(values)
+               for device, values in medians.items()} if every_op else {}
+    summary["select_host_us_eager"] = select.get(("cuda", "one_launch"))
+    summary.update({f"select_greedy_host_us_{device}_{kernel}": median_us
+                    for (device, kernel), median_us in sorted(select.items())})
+    return summary
 
 
 def write_markdown(report: dict, path: Path) -> None:
     table: dict[tuple[str, str], dict[str, str]] = {}
+    select: dict[str, dict[str, str]] = {}
     for entry in report["benchmarks"]:
-        params = entry["params"]
-        table.setdefault((params["device"], params["op"]), {})[params["entry"]] = fmt(
-            entry["stats"]["median"] * 1e6)
+        params, median = entry["params"], fmt(entry["stats"]["median"] * 1e6)
+        if "kernel" in params:
+            select.setdefault(params["device"], {})[params["kernel"]] = median
+        else:
+            table.setdefault((params["device"], params["op"]), {})[params["entry"]] = median
     rows = [[device, f"`{op}`", *(cells.get(e, "-") for e in ("public", "torch.ops", "launcher"))]
             for (device, op), cells in sorted(table.items())]
+    select_rows = [[device, *(cells.get(kernel, "-") for kernel in SELECT_KERNELS)]
+                   for device, cells in sorted(select.items())]
     lines = [
         "# Host time per eager op call (median, us)",
         "",
@@ -162,10 +191,21 @@ def write_markdown(report: dict, path: Path) -> None:
         "",
         *markdown_table(["device", "op", "public", "torch.ops", "launcher"], rows),
         "",
+    ]
+    if select_rows:
+        lines += [
+            "`select_tokens(..., sampling=\"greedy\")`, public call, per select kernel setting "
+            "(WEDLM_KERNELS_SELECT_KERNEL):",
+            "",
+            *markdown_table(["device", *SELECT_KERNELS], select_rows),
+            "",
+        ]
+    lines += [
         "summary: " + ", ".join(f"`{k}` {fmt(v, 2)}" for k, v in report["summary"].items()),
         "",
         "CUDA rows: host time of one call (the device synchronised before each, untimed). "
-        f"CPU rows: {CPU_LABEL}, the whole call (the PyTorch implementations).",
+        f"CPU rows: {CPU_LABEL}, the whole call (the PyTorch implementations, whatever the "
+        "select kernel setting).",
     ]
     path.write_text("\n".join(lines) + "\n")
 
@@ -175,19 +215,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="5 rounds per benchmark")
+    parser.add_argument("--ops", nargs="+", choices=public_ops(), default=None,
+                        help="time these ops only (default: every public op)")
     args = parser.parse_args(argv)
     out_dir = args.out_dir or RESULTS_ROOT / (
         device_slug() if torch.cuda.is_available() else "cpu")
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "host_time.json"
+    # a run of a few ops has files of its own (host_time_select_tokens.json): a later run of
+    # every op in the same folder (bench/gpu_check.py runs both) leaves them as they are
+    stem = "_".join(["host_time", *(args.ops or [])])
+    json_path = out_dir / f"{stem}.json"
+    json_path.unlink(missing_ok=True)  # an earlier run's file is not this run's result
     env = {key: value for key, value in os.environ.items()
            if key not in ("TRITON_INTERPRET", "WEDLM_KERNELS_BACKEND")}
     if args.quick:
         env["HOST_TIME_ROUNDS"] = "5"
     root = Path(__file__).resolve().parents[1]
+    # (a benchmark's id names its op: test_select_tokens_host_time_per_select_kernel's too)
+    only = ["-k", " or ".join(args.ops)] if args.ops else []
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--benchmark-only",
-         f"--benchmark-json={json_path}", "bench/test_host_time.py"], cwd=root, env=env)
+         f"--benchmark-json={json_path}", *only, "bench/test_host_time.py"], cwd=root, env=env)
     if not json_path.exists():
         print(f"host_time: pytest wrote no benchmark JSON (exit {done.returncode})")
         return done.returncode or 1
@@ -197,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         benchmark="host_time", date=utc_now(), device=device_info(device),
         command=command_line("bench.host_time", argv), versions=versions(),
         label=None if device.type == "cuda" else CPU_LABEL,
-        summary=summarise(report["benchmarks"]))
+        summary=summarise(report["benchmarks"], every_op=not args.ops))
     write_json(json_path, report)
-    write_markdown(report, out_dir / "host_time.md")
-    print((out_dir / "host_time.md").read_text())
+    write_markdown(report, out_dir / f"{stem}.md")
+    print((out_dir / f"{stem}.md").read_text())
     return done.returncode
 
 

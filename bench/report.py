@@ -104,7 +104,10 @@ def key_value_table(node, skip: Sequence[str] = ()) -> list[str]:
 
 
 def measurement(data: dict) -> str:
-    """"GPU measurement", "CPU measurement" or "device not recorded"."""
+    """"GPU measurement", "CPU measurement", "compile facts" (a kernel compiled for a GPU on
+    a machine without one: nothing timed) or "device not recorded"."""
+    if data.get("benchmark") == "compile_facts":
+        return "compile facts, no measurement"
     device = data.get("device")
     kind = device.get("type") if isinstance(device, dict) else None
     kind = kind or data.get("mode")
@@ -132,6 +135,8 @@ def device_text(data: dict) -> str:
         return ", ".join(parts)
     if isinstance(device, dict):
         return str(device.get("name", DASH))
+    if data.get("target"):  # compile facts: the target compiled for
+        return str(data["target"])
     return DASH
 
 

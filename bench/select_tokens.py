@@ -12,9 +12,22 @@ row; R = 256: 16 sequences x 16 rows), in two parameter sets:
 - ``temperature``, ``top_k``, ``top_p``, ``top_k_top_p``: temperature 0.7 alone, with
   top-k 50, with top-p 0.9, with both;
 
-it times three implementations of one decode step's selection:
+it times these implementations of one decode step's selection:
 
-- ``triton``: ``select_tokens_triton`` (wedlm_kernels.ops.select);
+- ``triton``: ``select_tokens_triton`` (wedlm_kernels.ops.select) as the existing call makes
+  it, ``sampling="any"``: the three-launch kernels (scan, filter, per-sequence selection),
+  whatever ``WEDLM_KERNELS_SELECT_KERNEL`` says;
+- ``triton_one_launch``: the one-launch kernel (wedlm_kernels.ops.select_one_launch), in
+  the ``greedy`` and ``temperature`` sets only (the sets without top-k or top-p): the same
+  launcher with ``sampling="greedy"`` or ``"temperature"`` and ``kernel="one_launch"``.
+  Its case checks, before timing, that its tokens and selection equal the three-launch
+  kernel's exactly (``triton_one_launch_vs_triton``; entropy within 1e-4 relative). As
+  for every implementation, ``speedup["triton_over_triton_one_launch"]`` is its time over
+  the three launches' (> 1: the three launches are faster); the Markdown's "one launch ×
+  over three" column is the inverse. The three-launch figure is the kernels' own: a
+  ``sampling="greedy"``/``"temperature"`` call under the ``three_launch`` setting runs the
+  same kernels after building the mode's parameter tensors (two or three fills;
+  ``bench.host_time`` times the public call under each setting);
 - ``torch``: ``select_tokens_torch``, the batched PyTorch implementation;
 - ``engine``: :func:`engine_sampler`, a re-statement of the reference engine's sampler
   (entropy by ``torch.distributions.Categorical`` in the logits' dtype, softmax argmax,
@@ -24,12 +37,12 @@ it times three implementations of one decode step's selection:
   top_k_top_p only).
 
 Timing modes (bench/common.py): ``eager`` (do_bench, L2 flushed before each call) for all
-three, ``graph`` (CUDA graph, warm L2) for the two that can be captured (the engine sampler
-synchronises with the host), with the graph replays of a slow implementation capped at
+of them, ``graph`` (CUDA graph, warm L2) for all but the engine sampler (it synchronises
+with the host), with the graph replays of a slow implementation capped at
 about 2 s in all. For every case: median microseconds with the sample count, the
 bytes-moved model (the logits read once plus the outputs), GB/s, the fraction of the
 device-to-device copy bandwidth measured in the same run, and the speed-up of the Triton
-launcher over the two others. Before timing, each case checks the Triton result against the
+launcher over each other one. Before timing, each case checks the Triton result against the
 PyTorch implementation on the same inputs (entropy within 1e-4 relative, greedy tokens and
 selection equal, sampled tokens equal on at least 99% of the rows: the rest are fp32
 near-ties).
@@ -59,15 +72,36 @@ after all rules every selected token is allowed by its row's bitmask and its seq
 
 Results: ``select_tokens.json``, ``select_tokens.md`` and ``select_tokens.png`` (when
 matplotlib is installed) in ``--out-dir`` (default ``bench/results/<device-name-slug>/``).
+The JSON's ``summary`` (:func:`summarise`, graph mode; None where a case it needs did not
+run) holds, besides the logit rules' figures:
+
+- ``greedy_min_copy_bw_fraction_256plus``: the least, over R >= 256, of the greedy set's
+  fraction of the copy bandwidth by the faster of the kernels timed (``triton``,
+  ``triton_one_launch``);
+- ``max_sampling_over_greedy``: the largest ratio of a sampling set's time to the greedy
+  set's at the same R (R in 1, 16, 256, 1024, those the run has), each set timed by the
+  one-launch kernel where the run timed it (``greedy``, ``temperature``) and by ``triton``
+  otherwise; ``max_sampling_over_greedy_impls`` says which implementation timed which
+  set; ``max_sampling_1row_us``: the slowest sampling set at one row, by the same
+  implementations;
+- ``new_over_old_min``: the least ratio of the three-launch time to the one-launch time
+  over the ``greedy`` and ``temperature`` cases (> 1: the one launch is faster in every
+  case);
+- ``speedup_over_engine_16x16``: the eager speed-up of ``triton`` over the engine sampler
+  at 16 sequences x 16 rows with top-k 50 and top-p 0.9;
+- ``select_host_us_eager``: always None here (``bench.host_time``'s summary has the host
+  time of one eager call).
+
 Without a CUDA GPU the default mode prints that GPU benchmarks are skipped and exits 0;
 ``--cpu-smoke`` runs the whole code path on CPU tensors at tiny shapes with the PyTorch
-implementations and the engine sampler (``--interpret`` adds the Triton launchers through
+implementations and the engine sampler (``--interpret`` adds both Triton kernels through
 Triton's interpreter) on one intra-op thread (recorded as the device's ``torch_threads``),
 writing to a temporary folder unless ``--out-dir`` is given (``bench/results/cpu/`` keeps
 one such run: CPU figures at vocabulary 1000).
 """
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -80,8 +114,9 @@ import torch
 from bench import common
 from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
-IMPLS = ("triton", "torch", "engine")
-GRAPH_CAPTURABLE = ("triton", "torch")
+ONE_LAUNCH = "triton_one_launch"
+IMPLS = ("triton", ONE_LAUNCH, "torch", "engine")
+GRAPH_CAPTURABLE = ("triton", ONE_LAUNCH, "torch")
 
 
 @dataclass(frozen=True)
@@ -101,6 +136,15 @@ class Params:
     top_k: int
     top_p: float
     engine: bool = False  # also time the reference-engine sampler (slow: a few sets only)
+
+
+def one_launch_mode(params: Params) -> str | None:
+    """The ``sampling`` hint under which the one-launch kernel runs a set's calls:
+    ``"greedy"`` (temperature 0), ``"temperature"`` (no top-k, no top-p), or None for a set
+    with top-k or top-p (only the three launches run it)."""
+    if params.top_k > 0 or params.top_p < 1:
+        return None
+    return "greedy" if params.temperature <= 0 else "temperature"
 
 
 FULL = Sizes(vocab=151936, rows=(1, 16, 64, 256, 1024), rows_per_sequence=16,
@@ -396,6 +440,20 @@ def check_against_torch(triton_out: tuple, torch_out: tuple, params: Params) -> 
             "fraction_of_equal_tokens": same_tokens, "equal_selection": same_selection}
 
 
+def check_one_launch(one_launch_out: tuple, three_launch_out: tuple) -> dict:
+    """The one-launch kernel against the three launches on the same inputs: tokens and
+    selection equal exactly, entropy within 1e-4 relative (fp32 summation order)."""
+    token, selected, entropy = (t.cpu() for t in one_launch_out)
+    three_token, three_selected, three_entropy = (t.cpu() for t in three_launch_out)
+    entropy_error = float(((entropy.double() - three_entropy.double()).abs()
+                           / three_entropy.double().abs().clamp_min(1e-3)).max())
+    equal_tokens = bool(torch.equal(token, three_token))
+    equal_selection = bool(torch.equal(selected, three_selected))
+    return {"ok": equal_tokens and equal_selection and entropy_error < 1e-4,
+            "max_relative_entropy_error": entropy_error, "equal_tokens": equal_tokens,
+            "equal_selection": equal_selection}
+
+
 def filter_paths(args: tuple) -> dict:
     """How the Triton filter kernel drew the top-k / top-p rows of ``args`` (an untimed
     call): rows per path of ``select.PATH_NAMES``."""
@@ -422,14 +480,25 @@ def run_case(sizes: Sizes, params: Params, num_rows: int, launchers: dict, timer
         "timings": {},
         "check": {},
     }
+    mode = one_launch_mode(params)
     if launchers.get("triton") is not None:
+        three_launch_out = launchers["triton"](*args)
         case["check"]["triton_vs_torch"] = check_against_torch(
-            launchers["triton"](*args), launchers["torch"](*args), params)
+            three_launch_out, launchers["torch"](*args), params)
         case["filter_paths"] = filter_paths(args)
+        if launchers.get(ONE_LAUNCH) is not None and mode is not None:
+            case["one_launch_sampling"] = mode
+            case["check"][f"{ONE_LAUNCH}_vs_triton"] = check_one_launch(
+                launchers[ONE_LAUNCH](*args, sampling=mode), three_launch_out)
     for impl in IMPLS:
         launcher = launchers.get(impl)
         if launcher is None or (impl == "engine" and not params.engine):
             continue
+        if impl == ONE_LAUNCH:
+            if mode is None:
+                continue
+            launcher = functools.partial(launcher, sampling=mode)
+
         def call(launcher=launcher):
             return launcher(*args)
 
@@ -567,11 +636,18 @@ def add_rules_derived(case: dict) -> None:
 
 
 def case_table(cases: list[dict], mode: str) -> list[str]:
+    """One row per case: every implementation's µs, each Triton kernel's GB/s and fraction
+    of the copy bandwidth, the speed-ups of ``triton`` over the PyTorch baselines and of
+    the one launch over the three, and the checks."""
     impls = [impl for impl in IMPLS if any(mode in c["timings"].get(impl, {}) for c in cases)]
+    kernels = [impl for impl in ("triton", ONE_LAUNCH) if impl in impls]
+    baselines = [impl for impl in impls if impl not in kernels] if "triton" in impls else []
+    one_vs_three = kernels == ["triton", ONE_LAUNCH]
     headers = (["rows", "B × rows", "MB moved"] + [f"{impl} µs" for impl in impls]
-               + ["triton GB/s", "triton % copy BW"]
-               + [f"× over {impl}" for impl in impls if impl != "triton" and "triton" in impls]
-               + ["check"])
+               + [header for impl in kernels for header in (f"{impl} GB/s",
+                                                            f"{impl} % copy BW")]
+               + [f"× over {impl}" for impl in baselines]
+               + (["one launch × over three"] if one_vs_three else []) + ["check"])
     lines = []
     for case in cases:
         p = case["params"]
@@ -580,14 +656,18 @@ def case_table(cases: list[dict], mode: str) -> list[str]:
         for impl in impls:
             timing = case["timings"].get(impl, {}).get(mode, {})
             row.append("error" if "error" in timing else fmt(timing.get("median_us"), 1))
-        fraction = case["fraction_of_copy_bandwidth"].get("triton", {}).get(mode)
-        row += [fmt_rate(case["gb_per_s"].get("triton", {}).get(mode)),
-                fmt(None if fraction is None else 100 * fraction, 1, "%")]
-        for impl in impls:
-            if impl != "triton" and "triton" in impls:
-                row.append(fmt(case["speedup"].get(f"triton_over_{impl}", {}).get(mode), 1, "×"))
-        check = case["check"].get("triton_vs_torch")
-        row.append("—" if check is None else ("ok" if check["ok"] else "MISMATCH"))
+        for impl in kernels:
+            fraction = case["fraction_of_copy_bandwidth"].get(impl, {}).get(mode)
+            row += [fmt_rate(case["gb_per_s"].get(impl, {}).get(mode)),
+                    fmt(None if fraction is None else 100 * fraction, 1, "%")]
+        for impl in baselines:
+            row.append(fmt(case["speedup"].get(f"triton_over_{impl}", {}).get(mode), 1, "×"))
+        if one_vs_three:  # the three launches' time over the one launch's
+            row.append(fmt(common.ratio(common.median_us(case, "triton", mode),
+                                        common.median_us(case, ONE_LAUNCH, mode)), 2, "×"))
+        failed = [name for name, check in case["check"].items() if not check["ok"]]
+        row.append("—" if not case["check"] else
+                   ("MISMATCH: " + ", ".join(failed)) if failed else "ok")
         lines.append(row)
     return markdown_table(headers, lines)
 
@@ -711,7 +791,7 @@ def write_plot(report: dict, path: Path) -> Path | str:
 def draw_plot(figure, report: dict) -> None:
     mode = report["modes"][0]
     axes = figure.subplots(1, plot_panels(report), squeeze=False)[0]
-    colors = {"triton": "C0", "torch": "C1", "engine": "C2"}
+    colors = {"triton": "C0", ONE_LAUNCH: "C6", "torch": "C1", "engine": "C2"}
     for axis, (name, result) in zip(axes, report["parameters"].items()):
         for impl, color in colors.items():
             points = [(c["params"]["rows"], c["timings"].get(impl, {}).get(mode, {})
@@ -754,20 +834,34 @@ def draw_rules(axis, cases: list[dict], mode: str) -> None:
 SUMMARY_ROWS = (1, 16, 256, 1024)
 
 
+def summary_impls(report: dict) -> dict[str, str]:
+    """Per parameter set, the implementation whose times the summary's sampling-over-greedy
+    figures read: ``triton_one_launch`` where the run timed it (the ``greedy`` and
+    ``temperature`` sets on a GPU), ``triton`` otherwise."""
+    return {name: ONE_LAUNCH if any(ONE_LAUNCH in case["timings"]
+                                    for case in result.get("cases", [])) else "triton"
+            for name, result in report["parameters"].items()}
+
+
 def summarise(report: dict) -> dict:
-    """Headline figures of the triton kernel (graph mode unless named): the largest ratio of
-    a sampling parameter set's time to greedy's at the same rows (rows 1, 16, 256, 1024), the
-    slowest sampling set at one row, greedy's lowest fraction of copy bandwidth at 256 rows
-    or more, and the eager speed-up over the reference-engine sampler at 16 sequences x 16
-    rows with top-k 50 and top-p 0.9; with the rules cases, :func:`summarise_rules`. None
-    where a case needed did not run."""
+    """Headline figures of the Triton kernels, graph mode unless named (the module
+    docstring lists them); with the rules cases, :func:`summarise_rules`. None where a case
+    needed did not run."""
     by_rows = {name: {case["params"]["rows"]: case for case in result.get("cases", [])}
                for name, result in report["parameters"].items()}
     greedy = by_rows.get("greedy", {})
     sampling = [name for name in by_rows if name != "greedy"]
+    impls = summary_impls(report)
+    run_rows = report.get("shapes", {}).get("rows", SUMMARY_ROWS)
+    rows_compared = [rows for rows in SUMMARY_ROWS if rows in run_rows]
 
-    def graph_us(case):
-        return common.figure(case, "timings", "triton", "graph", "median_us")
+    def graph_us(case, impl="triton"):
+        return common.figure(case, "timings", impl, "graph", "median_us")
+
+    def best_fraction(case):  # the faster kernel's, of those the case timed
+        kernels = [impl for impl in ("triton", ONE_LAUNCH) if impl in case["timings"]]
+        return common.extreme([common.figure(case, "fraction_of_copy_bandwidth", impl, "graph")
+                               for impl in kernels], max)
 
     engine_set = [name for name in sampling
                   if (report["parameters"][name]["params"]["top_k"],
@@ -775,17 +869,29 @@ def summarise(report: dict) -> dict:
     engine_case = by_rows[engine_set[0]].get(256) if engine_set else None
     if common.figure(engine_case, "params", "sequences") != 16:
         engine_case = None
+    over_greedy = common.extreme(
+        [common.ratio(graph_us(by_rows[name].get(rows), impls[name]),
+                      graph_us(greedy.get(rows), impls.get("greedy", "triton")))
+         for name in sampling for rows in rows_compared], max)
+    by_impl: dict[str, list[str]] = {}
+    for name, impl in impls.items():
+        by_impl.setdefault(impl, []).append(name)
+    one_launch_cases = [case for name in by_rows if impls[name] == ONE_LAUNCH
+                        for case in by_rows[name].values()]
     return {
-        "max_sampling_over_greedy": common.extreme(
-            [common.ratio(graph_us(by_rows[name].get(rows)), graph_us(greedy.get(rows)))
-             for name in sampling for rows in SUMMARY_ROWS], max),
+        "max_sampling_over_greedy": over_greedy,
         "max_sampling_1row_us": common.extreme(
-            [graph_us(by_rows[name].get(1)) for name in sampling], max),
+            [graph_us(by_rows[name].get(1), impls[name]) for name in sampling], max),
         "greedy_min_copy_bw_fraction_256plus": common.extreme(
-            [common.figure(case, "fraction_of_copy_bandwidth", "triton", "graph")
-             for rows, case in greedy.items() if rows >= 256], min),
+            [best_fraction(case) for rows, case in greedy.items() if rows >= 256], min),
         "speedup_over_engine_16x16": common.figure(
             engine_case, "speedup", "triton_over_engine", "eager"),
+        "max_sampling_over_greedy_impls": None if over_greedy is None else "; ".join(
+            f"{impl}: {', '.join(names)}" for impl, names in by_impl.items()),
+        "new_over_old_min": common.extreme(
+            [common.ratio(graph_us(case), graph_us(case, ONE_LAUNCH))
+             for case in one_launch_cases], min),
+        "select_host_us_eager": None,  # bench.host_time's summary has it
         **summarise_rules(report.get("rules")),
     }
 
@@ -821,7 +927,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def load_launchers(with_triton: bool) -> dict:
     from wedlm_kernels.ops import select
 
+    """Each implementation's launcher (None for the Triton kernels without ``with_triton``);
+    ``triton_one_launch`` takes the ``sampling`` hint as a keyword (``one_launch_mode``)."""
+    one_launch = functools.partial(select.select_tokens_triton, kernel="one_launch")
     return {"triton": select.select_tokens_triton if with_triton else None,
+            ONE_LAUNCH: one_launch if with_triton else None,
             "torch": select.select_tokens_torch, "engine": engine_sampler}
 
 

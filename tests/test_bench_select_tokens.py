@@ -2,7 +2,9 @@
 
 The GPU figures can only be produced on a GPU; these tests pin what can be checked without
 one: the no-GPU exit, the report plumbing (bytes model, GB/s, fractions, speed-ups, the
-Triton-vs-PyTorch check), the batch layout, that the engine-sampler baseline computes
+Triton-vs-PyTorch check), the one-launch kernel timed beside the three launches in the
+greedy and temperature sets (checked against them, and read by the summary), the batch
+layout, that the engine-sampler baseline computes
 what the engine computes (entropy, greedy tokens, threshold selection with its fallback),
 and the logit-rules cases: their inputs, the arguments each rule set passes, the added cost
 read off the medians, and checks that fail when the rules are not applied.
@@ -27,10 +29,16 @@ from tests.select_inputs import batch
 from wedlm_kernels.ops.select import select_tokens_torch
 
 REPO = Path(__file__).resolve().parent.parent
-# Triton's interpreter converts 1-element arrays to ints (loop bounds that are tensors)
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
-)
+# Triton's interpreter converts 1-element arrays to ints (loop bounds that are tensors), and
+# numpy warns where the one-launch kernel's arithmetic meets -inf and NaN on purpose (the
+# padding of a tile; tests/test_select_one_launch.py ignores the same warnings)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
 
 
 ROUNDS = 3  # interleaved rounds of the rules cases in these tests (the benchmark's: 15)
@@ -71,7 +79,9 @@ def test_cpu_smoke_times_every_case_of_every_parameter_set(smoke):
              for figure in ("added_us", "added_over_plain") for rows in (1, 16, 256)}
     assert set(report["summary"]) == {"max_sampling_over_greedy", "max_sampling_1row_us",
                                       "greedy_min_copy_bw_fraction_256plus",
-                                      "speedup_over_engine_16x16"} | rules
+                                      "speedup_over_engine_16x16",
+                                      "max_sampling_over_greedy_impls", "new_over_old_min",
+                                      "select_host_us_eager"} | rules
     assert all(value is None for value in report["summary"].values())
     for name, result in report["parameters"].items():
         assert [c["params"]["rows"] for c in result["cases"]] == list(bench.SMOKE.rows)
@@ -148,23 +158,177 @@ def test_cpu_smoke_derived_figures_follow_from_the_medians(smoke):
 
 
 def test_case_with_the_triton_launcher_checks_it_and_reports_speedups():
+    """Both Triton kernels (the one launch in the greedy and temperature sets only), each
+    checked before timing: the three launches against PyTorch, the one launch against the
+    three (tokens and selection equal exactly)."""
     sizes = replace(bench.SMOKE, vocab=40)
     launchers = bench.load_launchers(with_triton=True)  # Triton's interpreter without a GPU
     timer = common.Timer(torch.device("cpu"), quick=True)
     for params in bench.PARAMS:
         case = bench.run_case(sizes, params, 2, launchers, timer, seed=3)
         bench.add_derived(case, 10.0)
-        assert case["check"]["triton_vs_torch"]["ok"], case["check"]
+        one_launch = params.name in ("greedy", "temperature")
+        assert set(case["check"]) == {"triton_vs_torch"} | (
+            {"triton_one_launch_vs_triton"} if one_launch else set())
+        assert all(check["ok"] for check in case["check"].values()), case["check"]
         filtered = 0 < params.top_k < sizes.vocab or params.top_p < 1
         assert case["filter_paths"] == {"candidates": 2 if filtered else 0, "whole row": 0,
                                         "checked draws": 0}
+        assert set(case["timings"]) == {"triton", "torch"} | (
+            {"triton_one_launch"} if one_launch else set()) | (
+            {"engine"} if params.engine else set())
+        assert case.get("one_launch_sampling") == (params.name if one_launch else None)
         assert set(case["speedup"]) == {"triton_over_torch"} | (
-            {"triton_over_engine"} if params.engine else set())
+            {"triton_over_engine"} if params.engine else set()) | (
+            {"triton_over_triton_one_launch"} if one_launch else set())
         for name, speedup in case["speedup"].items():
             baseline = name.removeprefix("triton_over_")
             assert speedup["cpu"] == pytest.approx(
                 case["timings"][baseline]["cpu"]["median_us"]
                 / case["timings"]["triton"]["cpu"]["median_us"])
+
+
+# The Triton kernels of the in-process smoke runs below go through Triton's interpreter
+# (conftest sets TRITON_INTERPRET without a GPU); on a GPU machine they are compiled for it.
+needs_interpreter = pytest.mark.skipif(torch.cuda.is_available(),
+                                       reason="Triton's interpreter runs on machines without a GPU")
+
+
+def fake_gpu_modes(monkeypatch) -> None:
+    """The CPU timer measures the two GPU modes (``eager`` and ``graph``, each a short
+    ``time_cpu``), so that a --cpu-smoke run fills the summary's graph-mode figures."""
+    monkeypatch.setitem(common.Timer.MODES, "cpu", ("eager", "graph"))
+    monkeypatch.setattr(common, "time_eager_cuda", lambda fn, warmup_ms, rep_ms: common.Timing(
+        common.time_cpu(fn, 1).median_us, 3, "eager"))
+    monkeypatch.setattr(common, "time_graph_cuda", lambda fn, replays, estimate_us=None:
+                        common.Timing(common.time_cpu(fn, 1).median_us, replays, "graph", 10))
+
+
+@needs_interpreter
+def test_interpreted_smoke_times_the_one_launch_kernel_beside_the_three(monkeypatch, tmp_path):
+    """``--cpu-smoke --interpret`` (tiny sizes, three parameter sets, both timing modes):
+    the one launch runs, checked and timed, in the greedy and temperature sets only, and
+    the summary reads each set's figures off the implementation it names."""
+    fake_gpu_modes(monkeypatch)
+    monkeypatch.setattr(bench, "SMOKE", replace(bench.SMOKE, vocab=48, rows=(1, 2),
+                                                rows_per_sequence=2))
+    monkeypatch.setattr(bench, "PARAMS", bench.PARAMS[:3])  # greedy, temperature, top_k
+    monkeypatch.setattr(bench, "RULES_CPU_ROUNDS", 1)
+    status = bench.main(["--cpu-smoke", "--interpret", "--out-dir", str(tmp_path)])
+    report = json.loads((tmp_path / "select_tokens.json").read_text())
+    markdown = (tmp_path / "select_tokens.md").read_text()
+    assert status == 0, bench.failures(report)
+    assert report["modes"] == ["eager", "graph"] and report["complete"]
+    for name, result in report["parameters"].items():
+        one_launch = name != "top_k"
+        assert [c["params"]["rows"] for c in result["cases"]] == [1, 2]
+        for case in result["cases"]:
+            assert ("triton_one_launch" in case["timings"]) == one_launch
+            assert ("triton_one_launch_vs_triton" in case["check"]) == one_launch
+            assert all(check["ok"] for check in case["check"].values()), case["check"]
+            if one_launch:
+                assert case["one_launch_sampling"] == name
+                assert case["check"]["triton_one_launch_vs_triton"]["equal_tokens"]
+                for mode in ("eager", "graph"):  # as every speed-up of triton
+                    assert case["speedup"]["triton_over_triton_one_launch"][mode] == (
+                        pytest.approx(case["timings"]["triton_one_launch"][mode]["median_us"]
+                                      / case["timings"]["triton"][mode]["median_us"]))
+
+    def graph(name, rows, impl):
+        [case] = [c for c in report["parameters"][name]["cases"] if c["params"]["rows"] == rows]
+        return case["timings"][impl]["graph"]["median_us"]
+
+    summary = report["summary"]
+    assert summary["max_sampling_over_greedy_impls"] == (
+        "triton_one_launch: greedy, temperature; triton: top_k")
+    assert summary["max_sampling_over_greedy"] == pytest.approx(max(
+        graph(name, 1, impl) / graph("greedy", 1, "triton_one_launch")
+        for name, impl in (("temperature", "triton_one_launch"), ("top_k", "triton"))))
+    assert summary["max_sampling_1row_us"] == max(graph("temperature", 1, "triton_one_launch"),
+                                                  graph("top_k", 1, "triton"))
+    assert summary["new_over_old_min"] == pytest.approx(min(
+        graph(name, rows, "triton") / graph(name, rows, "triton_one_launch")
+        for name in ("greedy", "temperature") for rows in (1, 2)))
+    # no case of 256 rows or more; the host time is bench.host_time's
+    assert summary["greedy_min_copy_bw_fraction_256plus"] is None
+    assert summary["select_host_us_eager"] is None
+    assert markdown.count("| triton_one_launch GB/s | triton_one_launch % copy BW |") == 4
+    assert markdown.count("one launch × over three | check |") == 4  # greedy, temperature x 2
+    assert "MISMATCH" not in markdown
+
+
+def test_one_launch_check_fails_on_any_token_or_selection_difference():
+    token, selected = torch.tensor([3, 1, 4]), torch.tensor([True, False, True])
+    entropy = torch.tensor([0.5, 1.0, 2.0])
+    three = (token, selected, entropy)
+    same = bench.check_one_launch((token.clone(), selected.clone(), entropy * (1 + 1e-6)), three)
+    assert same["ok"] and same["equal_tokens"] and same["equal_selection"]
+    other_token = bench.check_one_launch((torch.tensor([3, 1, 5]), selected, entropy), three)
+    assert not other_token["ok"] and not other_token["equal_tokens"]
+    other_selection = bench.check_one_launch((token, ~selected, entropy), three)
+    assert not other_selection["ok"] and not other_selection["equal_selection"]
+    far_entropy = bench.check_one_launch((token, selected, entropy * 1.01), three)
+    assert not far_entropy["ok"] and far_entropy["max_relative_entropy_error"] > 1e-4
+
+
+def test_one_launch_runs_the_sets_without_top_k_or_top_p_under_their_hint():
+    modes = {params.name: bench.one_launch_mode(params) for params in bench.PARAMS}
+    assert modes == {"greedy": "greedy", "temperature": "temperature", "top_k": None,
+                     "top_p": None, "top_k_top_p": None}
+
+
+def synthetic_report(graph_us: dict, rows=(1, 256, 1024)) -> dict:
+    """A two-mode report whose cases have the graph medians ``graph_us[set][impl](rows)``
+    (the eager ones twice those), with the bytes model of the GPU run's sizes."""
+    report = {"shapes": {"rows": list(rows)}, "parameters": {}}
+    for name, impls in graph_us.items():
+        params = next(p for p in bench.PARAMS if p.name == name)
+        cases = []
+        for num_rows in rows:
+            case = {"params": {"rows": num_rows, "sequences": max(1, num_rows // 16)},
+                    "bytes": {"total": num_rows * 151936 * 2 + 13 * num_rows},
+                    "timings": {impl: {"graph": {"median_us": us(num_rows)},
+                                       "eager": {"median_us": 2 * us(num_rows)}}
+                                for impl, us in impls.items()}, "check": {}}
+            common.add_derived(case, 4000.0)
+            cases.append(case)
+        report["parameters"][name] = {
+            "params": {"temperature": params.temperature, "top_k": params.top_k,
+                       "top_p": params.top_p}, "cases": cases}
+    return report
+
+
+def test_summary_compares_the_kernels_and_takes_the_faster_ones_bandwidth():
+    """The one launch is faster at 1 and 256 rows and slower at 1024: the greedy bandwidth
+    figure takes the faster kernel per rows, new_over_old_min the worst case."""
+    one = {1: 4.0, 256: 50.0, 1024: 300.0}
+    report = synthetic_report({
+        "greedy": {"triton": lambda r: 2 * one[r] if r < 1024 else 250.0,
+                   "triton_one_launch": lambda r: one[r], "torch": lambda r: 10 * one[r]},
+        "temperature": {"triton": lambda r: 3 * one[r],
+                        "triton_one_launch": lambda r: 1.5 * one[r]},
+        "top_p": {"triton": lambda r: 8 * one[r]},
+    })
+    summary = bench.summarise(report)
+    fraction = {rows: (rows * 151936 * 2 + 13 * rows) / (us * 1e3) / 4000.0
+                for rows, us in ((256, 50.0), (1024, 250.0))}  # the faster kernel's
+    assert summary["greedy_min_copy_bw_fraction_256plus"] == pytest.approx(min(fraction.values()))
+    assert summary["new_over_old_min"] == pytest.approx(250.0 / 300.0)
+    # greedy by the one launch; temperature by the one launch, top_p by the three launches
+    assert summary["max_sampling_over_greedy"] == pytest.approx(8.0)
+    assert summary["max_sampling_over_greedy_impls"] == (
+        "triton_one_launch: greedy, temperature; triton: top_p")
+    assert summary["max_sampling_1row_us"] == 32.0
+    assert summary["speedup_over_engine_16x16"] is None and summary["select_host_us_eager"] is None
+    # a one-launch graph timing that failed leaves its figures None
+    report["parameters"]["greedy"]["cases"][1]["timings"]["triton_one_launch"]["graph"] = {
+        "error": "capture failed"}
+    common.add_derived(report["parameters"]["greedy"]["cases"][1], 4000.0)
+    summary = bench.summarise(report)
+    assert summary["new_over_old_min"] is None
+    assert summary["greedy_min_copy_bw_fraction_256plus"] is None
+    assert summary["max_sampling_over_greedy"] is None
+    assert summary["max_sampling_over_greedy_impls"] is None
 
 
 def test_failures_lists_mismatches_and_errors():

@@ -20,10 +20,17 @@ def graph(case: dict, impl: str = "triton") -> float:
     return case["timings"][impl]["graph"]["median_us"]
 
 
+# Summary keys added after the committed H200 run: read off its cases they are None (no
+# one-launch timing; the host time is bench.host_time's), or, for the implementations
+# behind max_sampling_over_greedy, the three launches of every set.
+LATER_KEYS = {"select_tokens": {"new_over_old_min": None, "select_host_us_eager": None,
+                                "max_sampling_over_greedy_impls": "triton: greedy, sampling"}}
+
+
 def test_committed_gpu_results_carry_the_summary_of_their_own_cases():
     for name, module in MODULES.items():
         report = load(name)
-        assert report["summary"] == module.summarise(report), name
+        assert report["summary"] | LATER_KEYS.get(name, {}) == module.summarise(report), name
         assert all(value is not None for value in report["summary"].values()), name
 
 

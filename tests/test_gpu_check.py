@@ -15,10 +15,16 @@ from bench import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
+# select_tokens' kernels first after the probe (their tests, the race stress, the benchmark
+# of both kernels in one run, the host time of the call), then the rest
+SELECT_STEPS = [
+    "select_tokens kernel tests (three launches, one launch)", "select_tokens race stress",
+    "bench.select_tokens --quick (three launches vs one)", "bench.host_time --ops select_tokens",
+]
 ISSUE_ORDER = [
-    "probe", "select_tokens kernel tests", "select_tokens race stress",
+    "probe", *SELECT_STEPS,
     "paged_attention kernel tests", "rope, reorder, commit, silu, process_logits kernel tests",
-    "model_min cuda tests (Liger required)", "bench.select_tokens --quick",
+    "model_min cuda tests (Liger required)",
     "bench.decode_step --quick (B 1, 16)", "bench.paged_attention --quick",
     "bench.host_time --quick", "bench.sweep peaked", "bench.sweep flat",
 ]
@@ -145,6 +151,23 @@ def test_the_select_tokens_benchmark_step_runs_it_quick_with_its_rules_cases():
 
     # the quick run holds every rows the summary's process_logits figures name
     assert set(select_tokens.RULES_SUMMARY_ROWS) <= set(select_tokens.QUICK.rows)
+    # and times the one-launch kernel beside the three launches (greedy, temperature)
+    assert "triton_one_launch" in select_tokens.IMPLS
+    assert [p.name for p in select_tokens.PARAMS if select_tokens.one_launch_mode(p)] == [
+        "greedy", "temperature"]
+
+
+def test_the_select_steps_come_first_after_the_probe_within_six_minutes():
+    """The select kernel tests (both kernels' files), the race stress, the benchmark of
+    both kernels and the host time of the select call: their limits add up to 6 minutes."""
+    steps = gpu_check.plan()[1:1 + len(SELECT_STEPS)]
+    assert [step.name for step in steps] == SELECT_STEPS
+    assert sum(step.limit_s for step in steps) == gpu_check.SELECT_STEPS_S == 360
+    tests, race, benchmark, host = (step.command for step in steps)
+    assert {"tests/test_select_tokens_kernel.py", "tests/test_select_one_launch.py"} <= set(tests)
+    assert "tests/test_select_tokens_race.py" in race
+    assert benchmark[:2] == ["-m", "bench.select_tokens"]
+    assert host == ["-m", "bench.host_time", "--ops", "select_tokens", "--out-dir", "{results}"]
 
 
 def test_every_cuda_marked_test_runs_in_some_step():

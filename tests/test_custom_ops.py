@@ -5,6 +5,10 @@ the real one, and the dispatcher registrations; ``torch.compile(fullgraph=True)`
 the public function (validation included) without a graph break and give the eager result.
 """
 
+import re
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -160,13 +164,29 @@ def test_op_passes_opcheck(name):
     torch.library.opcheck(getattr(torch.ops.wedlm, name).default, _clone(make_args()))
 
 
+PACKAGE = Path(wk.__file__).resolve().parent
+PACKAGE_FILES = sorted({path.name for path in PACKAGE.rglob("*.py")})
+
+
+def warnings_about_the_package(caught) -> list[str]:
+    """The warnings emitted from the package's files or naming one of them (Dynamo names
+    the file and line of what it traced, as in ``'_validate.py:90'``)."""
+    return [str(w.message) for w in caught
+            if Path(w.filename).resolve().is_relative_to(PACKAGE)
+            or any(re.search(rf"\b{re.escape(name)}:\d+", str(w.message))
+                   for name in PACKAGE_FILES)]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_op_compiles_fullgraph_and_matches_eager(name):
+def test_op_compiles_fullgraph_without_a_warning_and_matches_eager(name):
     public, make_args = CASES[name]
     eager_args, compiled_args = _clone(make_args()), _clone(make_args())
     expected = public(*eager_args)
     torch._dynamo.reset()
-    actual = torch.compile(public, fullgraph=True)(*compiled_args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        actual = torch.compile(public, fullgraph=True)(*compiled_args)
+    assert warnings_about_the_package(caught) == []
     _assert_same(actual, expected)
     # mutated arguments end up identical too
     _assert_same(compiled_args, eager_args)

@@ -8,7 +8,6 @@ Value checks that do need a synchronisation live in :func:`debug_check` and only
 ``WEDLM_KERNELS_DEBUG=1``.
 """
 
-import functools
 import math
 import re
 from collections.abc import Sequence
@@ -41,10 +40,21 @@ class Dims:
         self.bound_by[symbol] = owner
 
 
-@functools.cache
+_COMPILED_SHAPES: dict[tuple, tuple[tuple[str | None, int], ...]] = {}
+
+
 def _compile_shape(shape: tuple) -> tuple[tuple[str | None, int], ...]:
     """Per axis ``(symbol, offset)``: ``(None, size)`` for an exact size, ``(None, -1)`` for
-    any size, ``("B", 1)`` for ``"B+1"``. Parsed once per distinct shape spec."""
+    any size, ``("B", 1)`` for ``"B+1"``. Parsed once per distinct shape spec (a plain dict,
+    not ``functools.cache``: Dynamo traces through a cache wrapper with a warning, and a
+    dict lookup on constants it folds silently)."""
+    compiled = _COMPILED_SHAPES.get(shape)
+    if compiled is None:
+        compiled = _COMPILED_SHAPES[shape] = _parse_shape(shape)
+    return compiled
+
+
+def _parse_shape(shape: tuple) -> tuple[tuple[str | None, int], ...]:
     compiled = []
     for spec in shape:
         if spec is None:

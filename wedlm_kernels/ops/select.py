@@ -436,7 +436,7 @@ def select_tokens_fake(
 #    entries >= the k-th largest of them, tau: every top-k survivor is in a granule whose
 #    maximum is >= tau. For top-p alone, tau is the largest granule maximum whose granule
 #    maxima at or above it already reach the target (checked on the entries): nothing
-#    below tau is kept. Split 0 does this work.
+#    below tau is kept. Split 0 does this work (for a top-k row, alone).
 #    A top-p-alone row with more than MAX_CANDIDATES candidates (a flat row) is checked
 #    instead: its token is the first of the scan's four best draws whose mass strictly
 #    above is below the target. Why that is exact: the token t is the best-scoring kept
@@ -822,7 +822,10 @@ def _select_filter_kernel(
     top_k = tl.load(top_k_ptr + sequence, mask=sequence >= 0, other=0)
     top_p = tl.load(top_p_ptr + sequence, mask=sequence >= 0, other=1.0)
     sampling, top_k_on, top_p_asked = _row_mode(temperature, top_k, top_p, vocab_size)
-    if (sequence >= 0) & (top_k_on | top_p_asked):
+    # split 0 draws the row; the other splits only help check a top-p-alone row's four
+    # draws (step 3), so a top-k row's searches run in one program, not in every split
+    helps = (split == 0) | (top_p_asked & ~top_k_on)
+    if (sequence >= 0) & (top_k_on | top_p_asked) & helps:
         seed = tl.load(seed_ptr + sequence)
         position = tl.load(row_pos_ptr + row)
         row_ptr = logits_ptr + row * logits_row_stride

@@ -61,14 +61,3 @@ class KVCache:
     def free(self, pages: list[int]) -> None:
         self.free_pages.extend(reversed(pages))
 
-
-def slot_mapping_for(
-    block_table: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, page_size: int
-) -> torch.Tensor:
-    """Flat cache slots ``[B, S]`` int64 of ``positions [B, S]`` through ``block_table
-    [B, P]``; -1 where ``valid`` is False or the page is not in the table."""
-    page_index = (positions // page_size).clamp(0, block_table.shape[1] - 1)
-    pages = block_table.gather(1, page_index).long()
-    slots = pages * page_size + positions % page_size
-    covered = valid & (positions // page_size < block_table.shape[1]) & (pages >= 0)
-    return torch.where(covered, slots, -1)

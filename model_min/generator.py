@@ -39,7 +39,6 @@ from wedlm_kernels.logprobs import (
 )
 from wedlm_kernels.output_ids import never_output_ids, output_bitmask
 
-from .cache import slot_mapping_for
 from .config import is_integer
 from .graphs import StepGraphs, bucket_size
 from .model import Model
@@ -763,19 +762,12 @@ class Generator:
             torch.int64,
         )
         ar = self._mode == "ar"
-        win_len = [0 if ar else min(self.window, m) for m in max_new]
+        window_state = wk.new_window_state(
+            prompt_len, max_new, 0 if ar else self.window, self.mask_token_id or 0,
+            stop_ids=stop_ids, max_output=w["T"], slots=w["S"], device=device)
         state = BatchState(
-            win_tokens=torch.full((count, w["S"]), self.mask_token_id or 0, dtype=torch.int64,
-                                  device=device),
-            win_mask=torch.ones((count, w["S"]), dtype=torch.bool, device=device),
-            win_len=tensor(win_len, torch.int32),
-            ctx_len=prompt_len.clone(),
+            **vars(window_state),
             block_table=block_table,
-            out_tokens=torch.zeros((count, w["T"]), dtype=torch.int64, device=device),
-            out_len=torch.zeros(count, dtype=torch.int32, device=device),
-            finished=torch.zeros(count, dtype=torch.bool, device=device),
-            stop_ids=stop_ids,
-            max_new=tensor(max_new, torch.int32),
             temperature=tensor([float(r.params.temperature) for r in requests], torch.float32),
             top_k=tensor([r.params.top_k for r in requests], torch.int32),
             top_p=tensor([float(r.params.top_p) for r in requests], torch.float32),
@@ -964,18 +956,10 @@ class Generator:
             input_ids, positions, slot_mapping, s.block_table, query_start, s.ctx_len,
             self.cache,
         )
-        # The mask rows of sequence b are its packed rows query_start[b] + n_filled[b] ..
-        # query_start[b+1] - 1 (at most W of them): gather them into W fixed rows per
-        # sequence; the rest of the W are padding (row_pos = -1).
-        mask_row = ((query_start[:-1] + n_filled)[:, None].long()
-                    + torch.arange(window, device=self._device))  # [B, W]
-        is_mask_row = mask_row < query_start[1:, None]
-        mask_row = mask_row.clamp(max=num_rows - 1).reshape(-1)
+        # each sequence's mask rows (at most W), gathered into W fixed rows per sequence;
+        # a mask row predicts its logical position, the rest are padding (row_pos = -1)
+        mask_row, cu_rows, row_pos = wk.mask_rows(query_start, n_filled, positions, window)
         logits = self._ban_never_output(model.logits(hidden.index_select(0, mask_row)))
-        # a mask row predicts its logical position ctx_len + order, its RoPE position
-        row_pos = torch.where(is_mask_row.reshape(-1), positions.index_select(0, mask_row), -1)
-        cu_rows = torch.arange(0, batch * window + 1, window, dtype=torch.int32,
-                               device=self._device)
         if grammar is not None:
             row_pos = grammar.mask_logits(logits, row_pos)
         raw = self._logprob_source(logits, grammar)
@@ -1028,8 +1012,8 @@ class Generator:
         last_position = (s.ctx_len.long() - 1).clamp(min=0)  # [B]
         last_index = (s.out_len.long() - 1).clamp(min=0)[:, None]
         last_token = s.out_tokens.gather(1, last_index)[:, 0]
-        slot_mapping = slot_mapping_for(s.block_table, last_position[:, None], live[:, None],
-                                        self.page_size)[:, 0]
+        slot_mapping = wk.paged_slots(s.block_table, last_position[:, None], self.page_size,
+                                      live[:, None])[:, 0]
         query_start = torch.arange(s.size + 1, dtype=torch.int32, device=self._device)
         hidden = self.model.forward(
             last_token, last_position, slot_mapping, s.block_table, query_start,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import wedlm_kernels as wk
 
-from .cache import KVCache, slot_mapping_for
+from .cache import KVCache
 from .config import ModelConfig
 from .layers import add_rms_norm, rms_norm, silu_mul
 
@@ -161,15 +161,9 @@ class Model:
         input_ids = torch.tensor([t for prompt in prompts for t in prompt], dtype=torch.int64,
                                  device=device)
         query_start = torch.tensor(starts, dtype=torch.int32, device=device)
-        # the sequence and position of every packed row, from the host's prompt lengths
-        sequence = torch.tensor([b for b, length in enumerate(lengths) for _ in range(length)],
-                                dtype=torch.int64, device=device)
-        positions = torch.tensor([j for length in lengths for j in range(length)],
-                                 dtype=torch.int64, device=device)
-        slot_mapping = slot_mapping_for(block_table[sequence], positions[:, None],
-                                        torch.ones_like(positions[:, None], dtype=torch.bool),
-                                        cache.page_size)[:, 0]
         ctx_len = torch.zeros(len(prompts), dtype=torch.int32, device=device)
+        positions, slot_mapping = wk.prefill_slots(query_start, ctx_len, block_table,
+                                                   cache.page_size, num_rows=starts[-1])
         hidden = self.forward(
             input_ids, positions, slot_mapping, block_table, query_start, ctx_len, cache
         )

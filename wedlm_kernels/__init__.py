@@ -13,6 +13,11 @@ Public ops (exact semantics in docs/contracts.md):
 - :func:`commit_window`: commit, stop/length rules, window shift, fill and refill.
 - :func:`silu_mul`: ``silu(gate) * up`` read from a fused gate/up projection (the MLP).
 
+Helpers for what an engine builds around the ops (:mod:`wedlm_kernels.batch`, plain
+PyTorch): :func:`new_window_state` (a batch's :class:`WindowState`), :func:`prefill_slots`
+(packed prefill rows' positions and cache slots), :func:`paged_slots` (cache slots through
+block tables) and :func:`mask_rows` (the rows of a packed step that ``select_tokens`` reads).
+
 Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
 :mod:`wedlm_kernels.request_params` defines a decoding request's parameters once (types,
 bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin),
@@ -30,6 +35,7 @@ import types
 
 from . import _backend, _library  # noqa: F401  (_library registers torch.ops.wedlm.*)
 from ._backend import BACKEND
+from .batch import WindowState, mask_rows, new_window_state, paged_slots, prefill_slots
 from .ops.attention import paged_attention
 from .ops.commit import commit_window
 from .ops.logits import process_logits
@@ -44,7 +50,12 @@ __all__ = [
     "BACKEND",
     "YarnScaling",
     "DEBUG",
+    "WindowState",
     "commit_window",
+    "mask_rows",
+    "new_window_state",
+    "paged_slots",
+    "prefill_slots",
     "paged_attention",
     "process_logits",
     "reorder_window",

@@ -86,13 +86,10 @@ while not bool(finished.all()) and step < 20:  # the host polls `finished`
         win_tokens, win_mask, win_len, ctx_len, block_table, page_size, num_rows)
     hidden_states = layer(ids, positions, slot_mapping, query_start, ctx_len)  # [N, hidden]
     # lm_head on mask rows only: packed rows query_start[b] + n_filled[b] .. query_start[b+1]
-    # - 1, gathered into `window` rows per sequence (unused rows get row_pos -1)
-    mask_row = (query_start[:-1] + n_filled)[:, None] + torch.arange(window, device=device)
-    is_mask_row = mask_row < query_start[1:, None]
-    mask_row = mask_row.clamp(max=max(num_rows - 1, 0)).view(-1)
+    # - 1, gathered into `window` rows per sequence (unused rows get row_pos -1); each
+    # predicts its logical position ctx_len + order
+    mask_row, cu_rows, row_pos = wk.mask_rows(query_start, n_filled, positions, window)
     logits = hidden_states[mask_row] @ lm_head  # [B * window, vocab]
-    row_pos = torch.where(is_mask_row.view(-1), positions[mask_row], -1)  # ctx_len + order
-    cu_rows = torch.arange(0, (batch + 1) * window, window, dtype=torch.int32, device=device)
     token, selected, entropy = wk.select_tokens(logits, cu_rows, row_pos, **params)
     wk.commit_window(win_tokens, win_mask, win_len, ctx_len, cu_rows, row_pos,
                      token, selected, out_tokens, out_len, finished, stop_ids, max_new,

@@ -62,7 +62,6 @@ def _written_slots(slot_mapping, num_slots):
 
 @given(
     dtype=st.sampled_from(DTYPES),
-    cache_dtype=st.sampled_from(DTYPES),
     head_dim=st.sampled_from([8, 16, 64, 80, 96, 128, 256]),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from([1, 2, 4, 8]),
@@ -76,16 +75,17 @@ def _written_slots(slot_mapping, num_slots):
     theta=st.sampled_from([10000.0, 1e6]),
     seed=st.integers(0, 2**31 - 1),
 )
-@example(dtype=torch.float32, cache_dtype=torch.float32, head_dim=8, kv_heads=1, group=1,
+@example(dtype=torch.float32, head_dim=8, kv_heads=1, group=1,
          num_tokens=0, page_size=1, layout="contiguous", use_q_norm=False, use_k_norm=False,
          dropped=[], bad_positions=[], theta=10000.0, seed=0)
-@example(dtype=torch.bfloat16, cache_dtype=torch.float16, head_dim=256, kv_heads=2, group=8,
+@example(dtype=torch.bfloat16, head_dim=256, kv_heads=2, group=8,
          num_tokens=9, page_size=3, layout="fused", use_q_norm=True, use_k_norm=True,
          dropped=[-1, "end", "far"], bad_positions=[-1, "max_pos"], theta=1e6, seed=1)
 def test_matches_reference_and_writes_only_valid_slots(
-    dtype, cache_dtype, head_dim, kv_heads, group, num_tokens, page_size, layout,
+    dtype, head_dim, kv_heads, group, num_tokens, page_size, layout,
     use_q_norm, use_k_norm, dropped, bad_positions, theta, seed,
 ):
+    cache_dtype = dtype  # (the cache holds q's dtype)
     g = torch.Generator().manual_seed(seed)
     q_heads = kv_heads * group
     max_pos = 40
@@ -295,7 +295,7 @@ def test_padding_and_out_of_range_slots_drop_the_write(bad_slot):
 
 def test_all_slots_dropped_leaves_the_cache_unchanged():
     g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, 1, 8, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 1, 8, generator=g).half() for _ in range(3))
     k_cache = torch.randn(1, 2, 1, 8, generator=g, dtype=torch.float64).half()
     v_cache = torch.randn(1, 2, 1, 8, generator=g).half()
     k_before, v_before = k_cache.clone(), v_cache.clone()
@@ -322,18 +322,22 @@ def test_out_of_range_position_is_loud(bad_position):
     assert (k_cache[0, 3] == 0).all() and (v_cache[0, 3] == 0).all()
 
 
-def test_cache_dtype_may_differ_and_values_are_rounded_on_write():
-    g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(2, 1, 16, generator=g) for _ in range(3))
-    k_cache = torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)
-    v_cache = torch.zeros(1, 2, 1, 16, dtype=torch.bfloat16)
-    q_out = wk.rope_kv_append(
-        q, k, v, torch.tensor([0, 0]), wk.rope_cache(1, 16, 1e4), k_cache, v_cache,
-        torch.tensor([1, 0]),
-    )
-    assert q_out.dtype == torch.float32 and torch.equal(q_out, q)  # position 0: identity
-    assert torch.equal(k_cache[0, [1, 0]], k.bfloat16())
-    assert torch.equal(v_cache[0, [1, 0]], v.bfloat16())
+@pytest.mark.parametrize("name", ["k_cache", "v_cache"])
+def test_a_cache_of_another_dtype_than_q_is_refused_naming_both(name):
+    """The one cache contract: rope_kv_append writes what paged_attention reads, q's dtype
+    (an fp32 q with a bf16 cache would write, then attention would refuse it)."""
+    q, k, v = (torch.randn(2, 1, 16) for _ in range(3))
+    caches = {"k_cache": torch.zeros(1, 2, 1, 16), "v_cache": torch.zeros(1, 2, 1, 16)}
+    caches[name] = caches[name].bfloat16()
+    with pytest.raises(TypeError, match=rf"`{name}` must have q's dtype float32, got bfloat16"):
+        wk.rope_kv_append(q, k, v, torch.tensor([0, 0]), wk.rope_cache(1, 16, 1e4),
+                          caches["k_cache"], caches["v_cache"], torch.tensor([1, 0]))
+    assert not caches["k_cache"].any() and not caches["v_cache"].float().any()
+    with pytest.raises(TypeError, match="`k_cache` must have dtype float32, got bfloat16"):
+        wk.paged_attention(q, caches["k_cache"].bfloat16(), caches["v_cache"].bfloat16(),
+                           torch.zeros(1, 1, dtype=torch.int32),
+                           torch.tensor([0, 2], dtype=torch.int32),
+                           torch.zeros(1, dtype=torch.int32), scale=0.25)
 
 
 def test_q_out_is_a_fresh_contiguous_tensor():

@@ -103,7 +103,10 @@ def commit_window(
     max_new : torch.Tensor
         ``[B]`` int32; maximum generated tokens per sequence.
     window : int
-        The window size ``W`` (``> 0``); the block size when ``blockwise``.
+        ``W > 0``, the block size of block-wise decoding (``blockwise``). Streaming reads no
+        window size here: each sequence keeps the live length it was admitted with (its
+        first ``win_len``, see :func:`wedlm_kernels.new_window_state`), as the refill
+        appends as many masks as were committed.
     mask_id : int
         The mask token id (``>= 0``), written into freed slots.
     blockwise : bool

@@ -205,9 +205,10 @@ def rope_kv_append(
     cos_sin : torch.Tensor
         ``[max_pos, D]`` float32 with stride 1 in the last dimension, from :func:`rope_cache`.
     k_cache : torch.Tensor
-        ``[num_pages, page_size, Hkv, D]`` float32, float16 or bfloat16, contiguous
-        ("NHD" paged layout). **Mutated**: the rotated k of token ``t`` is written (cast to the
-        cache dtype) at flat slot ``slot_mapping[t]``, i.e. page ``slot // page_size``, offset
+        ``[num_pages, page_size, Hkv, D]``, q's dtype (the cache :func:`paged_attention`
+        reads with q; another dtype is refused), contiguous ("NHD" paged layout).
+        **Mutated**: the rotated k of token ``t`` is written (rounded once from float32) at
+        flat slot ``slot_mapping[t]``, i.e. page ``slot // page_size``, offset
         ``slot % page_size``.
     v_cache : torch.Tensor
         Like ``k_cache`` (same shape and dtype). **Mutated**: receives v (not rotated, not
@@ -254,14 +255,14 @@ def rope_kv_append(
     check_tensor("cos_sin", cos_sin, torch.float32, ("max_pos", "D"), dims, unit_last_stride=True)
     if dims["max_pos"] < 1:
         raise ValueError("`cos_sin` must have at least one row (position)")
-    check_tensor(
-        "k_cache", k_cache, FLOAT_DTYPES, ("num_pages", "page_size", "Hkv", "D"), dims,
-        contiguous=True,
-    )
-    check_tensor(
-        "v_cache", v_cache, k_cache.dtype, ("num_pages", "page_size", "Hkv", "D"), dims,
-        contiguous=True,
-    )
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if isinstance(cache, torch.Tensor) and cache.dtype != q.dtype:
+            raise TypeError(
+                f"`{name}` must have q's dtype {str(q.dtype).replace('torch.', '')}, got "
+                f"{str(cache.dtype).replace('torch.', '')}: paged_attention reads the cache "
+                "with q, in one dtype (docs/contracts.md, 'The paged cache')")
+        check_tensor(name, cache, q.dtype, ("num_pages", "page_size", "Hkv", "D"), dims,
+                     contiguous=True)
     if dims["num_pages"] < 1 or dims["page_size"] < 1:
         raise ValueError(f"`k_cache` must hold at least one slot, got shape {list(k_cache.shape)}")
     check_tensor("slot_mapping", slot_mapping, torch.int64, ("N",), dims)
@@ -658,16 +659,15 @@ def _variant(dtype, cache_dtype, weight_dtype, head_dim) -> KernelVariant:
 
 def kernel_variants() -> list[KernelVariant]:
     """Every specialisation :func:`rope_kv_append_triton` produces for the supported head
-    sizes: q/k/v dtype x cache dtype x norm-weight dtype (q's or fp32; also the dummy when no
+    sizes: q/k/v and cache dtype x norm-weight dtype (q's or fp32; also the dummy when no
     weight is given) x BLOCK_HALF. The norm flags are runtime arguments, not constexprs."""
     variants = {}
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     for dtype in dtypes:
-        for cache_dtype in dtypes:
-            for weight_dtype in dict.fromkeys((dtype, torch.float32)):
-                for head_dim in _MODEL_HEAD_DIMS:
-                    variant = _variant(dtype, cache_dtype, weight_dtype, head_dim)
-                    variants[variant.name] = variant
+        for weight_dtype in dict.fromkeys((dtype, torch.float32)):
+            for head_dim in _MODEL_HEAD_DIMS:
+                variant = _variant(dtype, dtype, weight_dtype, head_dim)
+                variants[variant.name] = variant
     for head_dim in _TEST_HEAD_DIMS:
         variant = _variant(torch.float32, torch.float32, torch.float32, head_dim)
         variants[variant.name] = variant

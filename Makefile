@@ -14,7 +14,7 @@ TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # cores), and Python writes the bytecode of what a process imports on first import instead.
 PIP_INSTALL_FLAGS ?= -q
 
-.PHONY: install test demo tour bench bench-host compile-facts lint mutation \
+.PHONY: install test docs demo tour bench bench-host compile-facts lint mutation \
 	test-latest test-oldest venv-latest venv-oldest \
 	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm \
 	test-vllm-dist mutation-vllm-dist bench-vllm-dp
@@ -37,6 +37,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m model_min demo
+
+# the API reference site into build/site (mkdocs.yml); strict: a broken link, a docstring
+# the numpy parser cannot read or a page outside the navigation fails
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 tour: $(STAMP)
 	$(PY) examples/tour.py

@@ -1,4 +1,4 @@
-"""The backend switch (README, "Backends")."""
+"""The backend switch (docs/testing.md, "Backends")."""
 
 import os
 import subprocess

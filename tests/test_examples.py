@@ -81,7 +81,7 @@ def test_public_ops_document_every_parameter_in_numpy_style():
     for name in PUBLIC_OPS:
         op = getattr(wk, name)
         doc = inspect.getdoc(op)
-        for section in ("Parameters", "Returns", "Example"):
+        for section in ("Parameters", "Returns", "Examples"):
             assert f"\n{section}\n{'-' * len(section)}\n" in doc, (name, section)
         for parameter in inspect.signature(op).parameters:
             assert f"\n{parameter} : " in doc, (name, parameter)

@@ -181,7 +181,7 @@ def test_streaming_output_equals_one_token_per_step(decoded):
 
 
 def test_held_out_patterns_are_continued_in_every_family(held_out):
-    """Bars with margin under what the shipped model measures (README, "The demo model"):
+    """Bars with margin under what the shipped model measures (docs/decoder.md, "The demo model"):
     every mode right on nearly every prompt of the counting/table/cycle families; the
     repeated phrase (copying an unseen phrase) is the model's weak family, with a floor for
     AR only."""

@@ -1,4 +1,4 @@
-"""The backend switch (README, "Backends"), read once at import.
+"""The backend switch (docs/testing.md, "Backends"), read once at import.
 
 ``WEDLM_KERNELS_BACKEND``:
 

@@ -135,8 +135,8 @@ def new_window_state(
     WindowState
         Fresh tensors.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import wedlm_kernels as wk
     >>> state = wk.new_window_state([5, 3], max_new=[8, 2], window=4, mask_id=7)
     >>> state.win_len.tolist(), state.ctx_len.tolist(), tuple(state.win_tokens.shape)
@@ -213,8 +213,8 @@ def paged_slots(
         its page lies past the table or is negative (``rope_kv_append`` writes nothing
         there).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> block_table = torch.tensor([[3, 0], [1, -1]], dtype=torch.int32)
     >>> wk.paged_slots(block_table, torch.tensor([[0, 5], [2, 4]]), page_size=4).tolist()
@@ -279,8 +279,8 @@ def prefill_slots(
         ``[N]`` int64, each row's cache slot (``rope_kv_append``'s), -1 on padding rows
         and where the page is missing.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> block_table = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
     >>> query_start = torch.tensor([0, 3, 5], dtype=torch.int32)
@@ -358,8 +358,8 @@ def mask_rows(
         ``[B * W]`` int64, the position each row predicts, -1 on padding rows
         (``select_tokens``' and ``commit_window``'s ``row_pos``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> query_start = torch.tensor([0, 4, 6], dtype=torch.int32)  # 4 rows, then 2
     >>> n_filled = torch.tensor([1, 0], dtype=torch.int32)

@@ -109,7 +109,7 @@ def tiny_server_command(checkpoint, port: int, *options: str) -> list[str]:
     """The command of the tests' server of ``checkpoint`` (the tiny model), ``options``
     after it."""
     max_num_seqs, block_size = 4, 32
-    return serve_command(  # README, "Serve with vLLM", on a CPU
+    return serve_command(  # docs/vllm.md, "Install and serve", on a CPU
         checkpoint, port,
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
         "--block-size", str(block_size),

@@ -77,8 +77,8 @@ def paged_attention(
         positions ``0 .. ctx_len[b] + j`` (scores and softmax in float32); zeros on padding
         rows. Cache positions outside a row's range are never read, whatever they hold.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> q = torch.randn(7, 8, 64)                       # 4 + 3 rows, Hq=8, D=64
     >>> k_cache = torch.randn(6, 16, 2, 64)             # 6 pages of 16, Hkv=2

@@ -120,8 +120,8 @@ def commit_window(
     None
         The seven state tensors are updated in place.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> M = 99  # docs/algorithm.md's worked example: window [a, M, c, M, M] at L = 10
     >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])

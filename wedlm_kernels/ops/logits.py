@@ -109,8 +109,8 @@ def process_logits(
     -------
     None. ``logits`` holds the processed values.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     >>> one = lambda v, dtype=torch.float32: torch.tensor([v], dtype=dtype)

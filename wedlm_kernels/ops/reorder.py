@@ -82,8 +82,8 @@ def reorder_window(
         ``[B]`` int32: filled live slots; the mask rows of ``b`` are
         ``query_start[b] + n_filled[b] .. query_start[b+1] - 1``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> M = 99
     >>> win_tokens = torch.tensor([[5, M, 7, M, M, M, M, M]])

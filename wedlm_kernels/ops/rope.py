@@ -145,8 +145,8 @@ def rope_cache(
         are computed in float64 on the CPU (so every device gets the same bits) and stored
         as float32.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import wedlm_kernels as wk
     >>> cos_sin = wk.rope_cache(4096, 128, 1e6)
     >>> cos_sin.shape, cos_sin.dtype
@@ -230,8 +230,8 @@ def rope_kv_append(
         ``[N, Hq, D]`` in q's dtype, contiguous: the normalised and rotated q. Norm and
         rotation are computed in float32 and rounded once.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> tokens, q_heads, kv_heads, head_dim = 3, 4, 2, 64
     >>> qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim)

@@ -101,8 +101,8 @@ def select_tokens(
 
     No argument is modified.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> logits = torch.tensor([[0.0, 5.0, 0.0], [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]])
     >>> cu_rows = torch.tensor([0, 2, 3], dtype=torch.int32)

@@ -36,8 +36,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         ``up``, rounded again (exactly the two roundings of ``F.silu(gate) * up``;
         ``silu(g) = g * sigmoid(g)`` is computed in float32).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, wedlm_kernels as wk
     >>> gate_up = torch.tensor([[0.0, 2.0, 3.0, 5.0]])      # gate [0, 2], up [3, 5]
     >>> [round(value, 4) for value in wk.silu_mul(gate_up)[0].tolist()]

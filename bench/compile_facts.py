@@ -301,7 +301,7 @@ def _median_us(fn) -> float:
 
 def host_times() -> list[dict]:
     import wedlm_kernels as wk
-    from wedlm_kernels import _dispatch
+    from wedlm_kernels.ops import _dispatch
     from wedlm_kernels.ops.select import select_tokens_triton
 
     results = []

@@ -61,17 +61,17 @@ from bench.common import (
 # timed rounds per benchmark (one call each); HOST_TIME_ROUNDS overrides (--quick: 5)
 ROUNDS = 200
 WARMUP_ROUNDS = 10
-# Public ops: everything wedlm_kernels exports but its settings and the RoPE table helper
-# and its YaRN argument.
-NOT_OPS = ("BACKEND", "DEBUG", "SELECT_KERNEL", "YarnScaling", "rope_cache")
 # the WEDLM_KERNELS_SELECT_KERNEL settings (wedlm_kernels/_backend.py)
 SELECT_KERNELS = ("three_launch", "one_launch")
 
 
 def public_ops() -> list[str]:
+    """The custom ops wedlm_kernels exports (not its settings, the RoPE table helper or the
+    plain-PyTorch helpers around the ops), in export order."""
     import wedlm_kernels as wk
+    from wedlm_kernels.ops._library import OPS
 
-    return [name for name in wk.__all__ if name not in NOT_OPS]
+    return [name for name in wk.__all__ if name in OPS]
 
 
 def decode_inputs(device: torch.device, small: bool) -> dict[str, tuple]:

@@ -12,7 +12,10 @@ pages of ``--page-size`` positions (default 16) in a scattered page table:
 - prefill: one prompt of 1024 .. 8192 tokens (context 0, plain causal).
 
 Each case times ``paged_attention_triton`` (the schedule it picks is recorded: split-KV chunks
-for decode windows, query tiles otherwise) and ``torch.nn.functional.scaled_dot_product_attention``
+for decode windows, query tiles otherwise), the same launcher under the FA2 split rule
+(``triton_fa2``, ``WEDLM_KERNELS_ATTENTION_SPLITS=fa2``; its schedule in ``schedule_fa2``;
+the summary's ``fa2_over_measured_decode_min``/``_max``: the measured rule's time over the
+FA2 rule's, > 1 where FA2's is faster) and ``torch.nn.functional.scaled_dot_product_attention``
 on a dense ``[B, Hkv, context + q_len, D]`` copy of the same keys and values (GQA through
 ``enable_gqa`` when SDPA supports it with the bottom-right causal mask, else with the KV heads
 repeated; the report names the variant), in the modes of ``bench/common.py`` (``eager``: one
@@ -44,7 +47,23 @@ import torch.nn.functional as F
 from bench import common
 from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
-IMPL_ORDER = ("triton", "torch", "sdpa")
+# triton: the kernel under the measured split rule; triton_fa2: the same kernel under the
+# FA2 split rule (WEDLM_KERNELS_ATTENTION_SPLITS=fa2), timed side by side on a GPU
+IMPL_ORDER = ("triton", "triton_fa2", "torch", "sdpa")
+
+
+def with_split_rule(launcher: Callable, rule: str) -> Callable:
+    """``launcher`` run under the split rule ``rule`` (the setting the launcher reads)."""
+    from wedlm_kernels import _backend
+
+    def launch(*args):
+        saved, _backend.ATTENTION_SPLITS = _backend.ATTENTION_SPLITS, rule
+        try:
+            return launcher(*args)
+        finally:
+            _backend.ATTENTION_SPLITS = saved
+
+    return launch
 
 
 @dataclass(frozen=True)
@@ -237,12 +256,19 @@ def run_case(kind: str, sizes: Sizes, launchers: dict, batch: int, rows: int, co
         "kind": "split-KV" if splits > 1 else "query tiles", "num_splits": splits,
         "block_m": config.block_m, "block_n": config.block_n, "num_warps": config.num_warps,
     }
+    if "triton_fa2" in launchers:
+        config, splits = attention.schedule(
+            sizes.dtype, batch * rows, batch, sizes.kv_heads, sizes.q_heads // sizes.kv_heads,
+            sizes.head_dim, inputs["block_table"].shape[1] * sizes.page_size,
+            attention._multiprocessors(device), "fa2")
+        case["schedule_fa2"] = {"num_splits": splits, "block_m": config.block_m,
+                                "block_n": config.block_n, "num_warps": config.num_warps}
     sdpa_name, sdpa_call, expected, skipped = first_working_sdpa(inputs, rows, length)
     case["sdpa_variant"] = sdpa_name
     if skipped:
         case["sdpa_variants_not_run"] = skipped
     calls = {"sdpa": sdpa_call}
-    for impl in ("triton", "torch"):
+    for impl in ("triton", "triton_fa2", "torch"):
         launcher = launchers.get(impl)
         if launcher is None:
             continue
@@ -444,6 +470,13 @@ def summarise(report: dict) -> dict:
             max),
         "prefill_min_speedup_over_sdpa": common.extreme(
             [common.figure(c, "speedup", "triton_over_sdpa", "graph") for c in prefill], min),
+        # the FA2 split rule against the measured one (> 1: FA2's is faster), decode cases
+        "fa2_over_measured_decode_min": common.extreme(
+            [common.ratio(common.median_us(c, "triton", "graph"),
+                          common.median_us(c, "triton_fa2", "graph")) for c in decode], min),
+        "fa2_over_measured_decode_max": common.extreme(
+            [common.ratio(common.median_us(c, "triton", "graph"),
+                          common.median_us(c, "triton_fa2", "graph")) for c in decode], max),
     }
 
 
@@ -474,7 +507,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     bench = common.start_op_run("paged_attention", args, argv, sizes.copy_bytes)
     from wedlm_kernels.ops.attention import paged_attention_torch, paged_attention_triton
 
-    launchers = {"triton": paged_attention_triton}
+    launchers = {"triton": paged_attention_triton,
+                 "triton_fa2": with_split_rule(paged_attention_triton, "fa2")}
     if args.cpu_smoke:  # the PyTorch implementation stands in for (or beside) the kernel
         launchers = {"torch": paged_attention_torch}
         if bench.with_triton:

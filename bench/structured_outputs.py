@@ -1,5 +1,5 @@
 """Tokens per forward under a grammar beside the same requests unconstrained (model_min on
-the tiny model), with drafts (``wedlm_kernels.grammar``: slots past the grammar slot are
+the tiny model), with drafts (``wedlm_kernels.requests.grammar``: slots past the grammar slot are
 drafted and checked by the next walk) and without them (the rule before drafts: one
 sampled token a step, plus the forced tokens after it), in the same run.
 

@@ -25,7 +25,7 @@ def _inputs(device: str) -> dict[str, tuple]:
 
 def _entry_point(op: str, entry: str, device: str):
     import wedlm_kernels as wk
-    from wedlm_kernels import _library
+    from wedlm_kernels.ops import _library
 
     if entry == "public":
         return getattr(wk, op)

@@ -1,6 +1,6 @@
 """A checkpoint's ``config.json`` (and ``generation_config.json``) read from its directory.
 
-What the file means is :mod:`wedlm_kernels.model_config`'s one reading, which the vLLM
+What the file means is :mod:`wedlm_kernels.checkpoints.config`'s one reading, which the vLLM
 plugin shares: Qwen3, Qwen2.5 and WeDLM configs, every size from the file, plain or YaRN
 RoPE (any other RoPE scaling is refused).
 """
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Union
 
-from wedlm_kernels.model_config import (  # noqa: F401  (re-exported)
+from wedlm_kernels.checkpoints.config import (  # noqa: F401  (re-exported)
     SUPPORTED_MODEL_TYPES,
     ModelConfig,
     config_from_dict,

@@ -25,10 +25,10 @@ from typing import Any, Union
 import torch
 
 import wedlm_kernels as wk
-from wedlm_kernels import bad_words
-from wedlm_kernels import request_params as rp
-from wedlm_kernels.grammar import GrammarStep, plan_window
-from wedlm_kernels.logprobs import (
+from wedlm_kernels.requests import bad_words
+from wedlm_kernels.requests import params as rp
+from wedlm_kernels.requests.grammar import GrammarStep, plan_window
+from wedlm_kernels.requests.logprobs import (
     Logprob,
     Records,
     check_mode,
@@ -37,7 +37,7 @@ from wedlm_kernels.logprobs import (
     position_logprobs,
     row_records,
 )
-from wedlm_kernels.output_ids import never_output_ids, output_bitmask
+from wedlm_kernels.requests.output_ids import never_output_ids, output_bitmask
 
 from .config import is_integer
 from .graphs import StepGraphs, bucket_size
@@ -45,7 +45,7 @@ from .model import Model
 from .state import BatchState, concat
 from .tokenizer import Tokenizer
 
-MODES = (*rp.MODES, "ar")  # the window modes of wedlm_kernels.request_params, and AR
+MODES = (*rp.MODES, "ar")  # the window modes of wedlm_kernels.requests.params, and AR
 
 # window="auto": a forward costs about one read of the weights until its matmuls take longer
 # than that read, and grows with its rows from there. For a bf16 model (2 bytes and 2 FLOPs
@@ -54,6 +54,7 @@ MODES = (*rp.MODES, "ar")  # the window modes of wedlm_kernels.request_params, a
 # about one token per forward, so a window step feeds about W + 1 rows per sequence; the
 # policy keeps B * (W + 1) under this many rows, with the largest window that does.
 MEMORY_BOUND_ROWS = 160
+ROW_READBACKS = ("auto", "every_step", "never")  # Generator(row_readback=...)
 AUTO_WINDOWS = (16, 8, 4)  # largest first; the smallest is used above the bound too
 
 
@@ -77,7 +78,7 @@ class SamplingParams:
     """Per-request decoding parameters (docs/algorithm.md section 4).
 
     Checked, and mapped where a value has a documented meaning, by
-    :mod:`wedlm_kernels.request_params`, the one definition the vLLM plugin checks its
+    :mod:`wedlm_kernels.requests.params`, the one definition the vLLM plugin checks its
     requests with too (docs/contracts.md, "Request parameters"): a bad value raises
     ``ParameterError`` (a ``ValueError``; ``ParameterTypeError``, also a ``TypeError``, for
     a wrong type) naming the field, and the fields hold the values as stored afterwards
@@ -102,9 +103,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: Sequence[int] | None = None  # None: every token
     # words (token id lists) never written: a slot's token that would complete one with
-    # the known tokens around it is banned (wedlm_kernels.bad_words)
+    # the known tokens around it is banned (wedlm_kernels.requests.bad_words)
     bad_words_token_ids: Sequence[Sequence[int]] | None = None
-    # Structured output: a function returning a fresh grammar (wedlm_kernels.grammar.Grammar,
+    # Structured output: a function returning a fresh grammar (wedlm_kernels.requests.grammar.Grammar,
     # masks over the model's vocabulary), called once per request; every output then
     # parses (docs/contracts.md, "Structured outputs").
     grammar: Callable[[], Any] | None = None
@@ -276,6 +277,13 @@ class Generator:
         the next step's walk (docs/contracts.md, "Structured outputs"). False: only the
         decided slots are sampled, one sampled token per step (the rule before drafts;
         for comparison).
+    row_readback : str
+        How a window step sizes its packed rows (:meth:`_rows_for_step`): ``"auto"``
+        (default) feeds all ``B * 2W`` rows without reading the live-row count back when
+        CUDA graphs are on and ``B * 2W <= MEMORY_BOUND_ROWS`` (padding rows cost about
+        nothing there, the readback a host round trip a step), and reads it back otherwise;
+        ``"every_step"`` always reads it back; ``"never"`` never does (every step feeds
+        ``B * 2W`` rows; on a CPU each padding row costs compute). The tokens are the same.
 
     Notes
     -----
@@ -297,6 +305,7 @@ class Generator:
         cuda_graph: bool = False,
         logprobs_mode: str = "raw_logprobs",
         grammar_drafts: bool = True,
+        row_readback: str = "auto",
     ) -> None:
         self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
@@ -317,7 +326,10 @@ class Generator:
                              f"{max_cache_tokens!r}")
         if not isinstance(grammar_drafts, bool):
             raise TypeError(f"grammar_drafts must be a bool, got {type(grammar_drafts).__name__}")
+        if row_readback not in ROW_READBACKS:
+            raise ValueError(f"row_readback must be one of {ROW_READBACKS}, got {row_readback!r}")
         self.grammar_drafts = grammar_drafts
+        self.row_readback = row_readback
         self.logprobs_mode = check_mode(logprobs_mode)
         self.model = model
         self.window = window
@@ -326,7 +338,7 @@ class Generator:
         self.tokenizer = tokenizer
         self.poll_every = poll_every
         self.mask_token_id = mask_token_id if mask_token_id is not None else model.config.mask_token_id
-        # The ids no request outputs (wedlm_kernels.output_ids): the mask id and the ids the
+        # The ids no request outputs (wedlm_kernels.requests.output_ids): the mask id and the ids the
         # checkpoint's tokenizer does not decode, -inf in every row a step decides
         known = model.tokenizer_ids
         if known is None and tokenizer is not None:
@@ -625,7 +637,7 @@ class Generator:
 
     def _plan_grammar(self, state: BatchState, owners: list) -> GrammarStep | None:
         """Walk each structured request's window with its grammar before a step
-        (wedlm_kernels.grammar): its grammar first accepts the tokens committed since the
+        (wedlm_kernels.requests.grammar): its grammar first accepts the tokens committed since the
         last walk. Reads the batch's window and outputs back (one transfer a step: a grammar
         runs on the host). A request whose grammar allows no token after its committed ones
         (its first slot a dead end) ends here, before the step, with finish_reason "error"."""
@@ -679,11 +691,17 @@ class Generator:
 
     def _rows_for_step(self, state: BatchState) -> int | None:
         """The packed rows of the next window step: its live-row count, the one value a step
-        reads back (about 10-20 us of host round trip on a GPU; the step then feeds only the
-        live rows instead of ``B * 2W``). With CUDA graphs, the smallest row bucket that
-        holds it (:func:`row_bucket`). AR steps feed one row per sequence: None."""
+        reads back (a host round trip; the step then feeds only the live rows instead of
+        ``B * 2W``), with CUDA graphs the smallest row bucket that holds it
+        (:func:`row_bucket`); or, without a readback (``row_readback``), all ``B * 2W``
+        rows, which hold every live row. AR steps feed one row per sequence: None."""
         if self._mode == "ar":
             return None
+        most = state.size * state.win_tokens.shape[1]
+        if self.row_readback == "never" or (self.row_readback == "auto"
+                                            and self.graphs is not None
+                                            and most <= MEMORY_BOUND_ROWS):
+            return most
         live_rows = int(state.win_len.clamp(0, state.win_tokens.shape[1]).sum())
         if self.graphs is None:
             return live_rows
@@ -792,7 +810,7 @@ class Generator:
 
     def _admit_logprobs(self, requests: list[_Request]) -> dict[str, torch.Tensor]:
         """Empty logprob records of newly admitted requests: one place per output index,
-        and a spare (wedlm_kernels.logprobs); no place when the call asks for none. And
+        and a spare (wedlm_kernels.requests.logprobs); no place when the call asks for none. And
         the tokens each request names (its logprob_token_ids, -1 padded)."""
         count, width, named = len(requests), self._widths["Kl"], self._widths["Cl"]
         chosen = torch.tensor(
@@ -817,7 +835,7 @@ class Generator:
         return dict(bad_tokens=words.tokens, bad_lengths=words.lengths)
 
     def _bad_word_state(self, s: BatchState):
-        """``(words, known, first)`` for wedlm_kernels.bad_words: the window as fed, after
+        """``(words, known, first)`` for wedlm_kernels.requests.bad_words: the window as fed, after
         the committed tail the longest word needs (-1 at prompt positions)."""
         tail_len = max(self._widths["Lb"] - 1, 0)
         index = s.out_len.long()[:, None] - tail_len + torch.arange(tail_len,

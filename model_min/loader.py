@@ -14,7 +14,7 @@ from typing import Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from wedlm_kernels.model_config import (  # noqa: F401  (CheckpointError re-exported)
+from wedlm_kernels.checkpoints.config import (  # noqa: F401  (CheckpointError re-exported)
     FLOAT_DTYPES,
     IGNORED_SUFFIXES,
     CheckpointError,
@@ -22,7 +22,7 @@ from wedlm_kernels.model_config import (  # noqa: F401  (CheckpointError re-expo
     check_no_missing,
     expected_shapes,
 )
-from wedlm_kernels.output_ids import tokenizer_ids
+from wedlm_kernels.requests.output_ids import tokenizer_ids
 
 from .config import load_config
 from .model import LayerWeights, Model

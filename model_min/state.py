@@ -87,7 +87,7 @@ class BatchState:
     output_counts: torch.Tensor  # [B, V or 0] int32: committed outputs of each token
     prompt_mask: torch.Tensor  # [B, V or 0] bool: tokens of the prompt
     allowed_mask: torch.Tensor  # [B, ceil(V / 32) or 0] int32 bitmask (all ones: any token)
-    # Logprob records (wedlm_kernels.logprobs), one place per output index and a spare; no
+    # Logprob records (wedlm_kernels.requests.logprobs), one place per output index and a spare; no
     # place when no request of the call asks for logprobs (T1 = T + 1 or 0, K = the most
     # entries a request lists besides its token, C = the most tokens a request names).
     logprob_ids: torch.Tensor  # [B, T1, 1 + K] int64: the token, then the most likely or
@@ -96,7 +96,7 @@ class BatchState:
     logprob_ranks: torch.Tensor  # [B, T1] int64: the token's rank
     logprob_chosen: torch.Tensor  # [B, C] int64: the named tokens (logprob_token_ids), -1
     #                               padded
-    # bad words (wedlm_kernels.bad_words): Nb words of up to Lb tokens (0: no request of
+    # bad words (wedlm_kernels.requests.bad_words): Nb words of up to Lb tokens (0: no request of
     # the call has any)
     bad_tokens: torch.Tensor  # [B, Nb, Lb] int64, -1 padded
     bad_lengths: torch.Tensor  # [B, Nb] int64 (0: no word)

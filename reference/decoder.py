@@ -85,7 +85,7 @@ def decode(
 ) -> DecodeResult:
     """Decode one sequence: ``mode`` "streaming" (WeDLM streaming parallel decoding),
     "blockwise" (the stop-and-wait block baseline) or "ar" (one token per forward).
-    ``never_output``: the ids no request outputs (wedlm_kernels.output_ids), ``-inf`` in
+    ``never_output``: the ids no request outputs (wedlm_kernels.requests.output_ids), ``-inf`` in
     every row before the logit rules."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -5,7 +5,7 @@ likely tokens (in descending order; which of several tied tokens is listed is le
 op, so the reference gives values, not ids), under one of vLLM's ``logprobs_mode``s.
 :func:`named_columns`: the columns of a row whose sequence names its tokens (vLLM's
 ``logprob_token_ids``), ids and values. :func:`record_columns`: a whole record row as
-``wedlm_kernels.logprobs.row_records`` lays it out, either kind, padding included.
+``wedlm_kernels.requests.logprobs.row_records`` lays it out, either kind, padding included.
 """
 
 import math

@@ -1,5 +1,5 @@
 """A small grammar for the structured-output tests: one of a few token sequences, then an end
-token (what ``wedlm_kernels.grammar.Grammar`` asks of vLLM's grammars, written out plainly
+token (what ``wedlm_kernels.requests.grammar.Grammar`` asks of vLLM's grammars, written out plainly
 so the tests need no grammar engine)."""
 
 import torch

@@ -641,7 +641,7 @@ MUTATIONS: list[Mutation] = [
     ),
     # ------------------------------------------------------------ dispatch
     Mutation(
-        "dispatch-skips-the-dispatcher-under-modes", "wedlm_kernels/_dispatch.py",
+        "dispatch-skips-the-dispatcher-under-modes", "wedlm_kernels/ops/_dispatch.py",
         (("        or torch._C._len_torch_dispatch_stack()\n", ""),),
         ("tests/test_dispatch.py",), "calls under a dispatch mode bypass torch.ops",
     ),
@@ -668,11 +668,26 @@ MUTATIONS: list[Mutation] = [
         keyword="redirectable",
     ),
     Mutation(
-        "model-min-mask-rows-at-physical-positions", "model_min/generator.py",
-        (("positions.index_select(0, mask_row), -1)",
-          "s.ctx_len.repeat_interleave(window).long()\n"
-          "                              + mask_row - query_start[:-1].long().repeat_interleave(window), -1)"),),
-        MODEL_MIN_TESTS, "mask rows predict their physical instead of logical position",
+        "mask-rows-start-at-the-filled-rows", "wedlm_kernels/batch.py",
+        (("    mask_row = ((query_start[:-1] + n_filled)[:, None].long()",
+          "    mask_row = ((query_start[:-1] + 0 * n_filled)[:, None].long()"),),
+        ("tests/test_batch_helpers.py", "tests/test_engine_loop.py"),
+        "a step's mask rows counted from its sequence's first row, filled rows included",
+    ),
+    Mutation(
+        "mask-rows-predict-their-row-index", "wedlm_kernels/batch.py",
+        (("positions.long().index_select(0, rows), -1)", "rows, -1)"),),
+        ("tests/test_batch_helpers.py",) + MODEL_MIN_TESTS,
+        "mask rows predict their packed row index instead of their logical position",
+    ),
+    Mutation(
+        "model-min-no-readback-feeds-too-few-rows", "model_min/generator.py",
+        (("                                            and most <= MEMORY_BOUND_ROWS):\n"
+          "            return most\n",
+          "                                            and most <= MEMORY_BOUND_ROWS):\n"
+          "            return state.size * self.window\n"),),
+        MODEL_MIN_TESTS, "a step without the row readback feeds B * W rows, fewer than its live "
+        "rows can be", keyword="row_readback",
     ),
     Mutation(
         "model-min-rows-count-padding", "model_min/generator.py",
@@ -738,29 +753,29 @@ MUTATIONS: list[Mutation] = [
     ),
     # ------------------------------------------------------------ structured outputs
     Mutation(
-        "grammar-masks-not-applied", "wedlm_kernels/grammar.py",
+        "grammar-masks-not-applied", "wedlm_kernels/requests/grammar.py",
         (("        if rows.numel():\n            decided = logits.index_select(0, rows)",
           "        if False:\n            decided = logits.index_select(0, rows)"),),
         GRAMMAR_TESTS, "a decided slot samples from every token, not the grammar's",
     ),
     Mutation(
-        "grammar-rejected-slot-committed", "wedlm_kernels/grammar.py",
+        "grammar-rejected-slot-committed", "wedlm_kernels/requests/grammar.py",
         (("        if self.remask_slot.numel():\n", "        if False:\n"),),
         GRAMMAR_TESTS, "a filled slot the grammar rejects stays filled and is committed",
     ),
     Mutation(
-        "grammar-decided-slots-not-forced", "wedlm_kernels/grammar.py",
+        "grammar-decided-slots-not-forced", "wedlm_kernels/requests/grammar.py",
         (("            selected.index_fill_(0, self.sampled_rows, True)",
           "            pass"),),
         GRAMMAR_TESTS, "a decided slot is filled only when the entropy rule selects it",
     ),
     Mutation(
-        "grammar-forced-tokens-not-followed", "wedlm_kernels/grammar.py",
+        "grammar-forced-tokens-not-followed", "wedlm_kernels/requests/grammar.py",
         (("            if allowed > 1:\n", "            if allowed >= 1:\n"),),
         GRAMMAR_TESTS, "the walk stops at every mask: one token a forward under a grammar",
     ),
     Mutation(
-        "grammar-dead-end-sampled", "wedlm_kernels/grammar.py",
+        "grammar-dead-end-sampled", "wedlm_kernels/requests/grammar.py",
         (("                decided = unconstrained_from = slot\n                dead_end = True\n"
           "                break\n            if allowed > 1:",
           "                decided = unconstrained_from = slot + 1\n                dead_end = True\n"
@@ -770,7 +785,7 @@ MUTATIONS: list[Mutation] = [
         "instead of ending its request", keyword="dead_end",
     ),
     Mutation(
-        "grammar-output-mask-ignored", "wedlm_kernels/grammar.py",
+        "grammar-output-mask-ignored", "wedlm_kernels/requests/grammar.py",
         (("            if output_mask is not None:\n", "            if False:\n"),),
         GRAMMAR_TESTS, "the walk decides slots by the grammar's own masks: a token no request "
         "outputs can be forced", keyword="output_mask",
@@ -790,12 +805,12 @@ MUTATIONS: list[Mutation] = [
         keyword="allows_nothing",
     ),
     Mutation(
-        "grammar-walk-not-undone", "wedlm_kernels/grammar.py",
+        "grammar-walk-not-undone", "wedlm_kernels/requests/grammar.py",
         (("        if advanced:\n            grammar.rollback(advanced)", "        pass"),),
         GRAMMAR_TESTS, "the grammar keeps the walked tokens as if committed",
     ),
     Mutation(
-        "grammar-dead-rows-kept", "wedlm_kernels/grammar.py",
+        "grammar-dead-rows-kept", "wedlm_kernels/requests/grammar.py",
         (("        logits.index_copy_(0, rows, torch.where(dead, self._saved, processed))",
           "        pass"),),
         GRAMMAR_TESTS, "min_tokens bans the end a grammar forces: the slot samples a token "
@@ -809,13 +824,13 @@ MUTATIONS: list[Mutation] = [
         keyword="rejected_drafts",
     ),
     Mutation(
-        "grammar-drafts-right-of-a-rejection-kept", "wedlm_kernels/grammar.py",
+        "grammar-drafts-right-of-a-rejection-kept", "wedlm_kernels/requests/grammar.py",
         (("                elif 0 <= rejected <= slot:", "                elif 0 <= rejected == slot:"),),
         GRAMMAR_TESTS, "only the rejected slot is masked again: the drafts its forward "
         "conditioned on stay filled", keyword="rejected",
     ),
     Mutation(
-        "grammar-window-not-cut", "wedlm_kernels/grammar.py",
+        "grammar-window-not-cut", "wedlm_kernels/requests/grammar.py",
         (("        return (win_len - torch.where(rejected >= 0, excess, 0)).to(win_len.dtype)",
           "        return win_len"),),
         GRAMMAR_TESTS, "a rejection inside the fed run leaves the window more than W masks "
@@ -829,7 +844,7 @@ MUTATIONS: list[Mutation] = [
         "the window's drafts against the state before them", keyword="rejected_drafts",
     ),
     Mutation(
-        "grammar-drafts-kept-where-the-grammar-overrules", "wedlm_kernels/grammar.py",
+        "grammar-drafts-kept-where-the-grammar-overrules", "wedlm_kernels/requests/grammar.py",
         (("        if self._agrees is not None and self.draft_rows.numel():",
           "        if False:"),),
         GRAMMAR_TESTS, "drafts past a grammar slot that bans the model's first choice are "
@@ -837,13 +852,13 @@ MUTATIONS: list[Mutation] = [
     ),
     # ------------------------------------------------------------ request parameters
     Mutation(
-        "request-params-threshold-below-zero-kept", "wedlm_kernels/request_params.py",
+        "request-params-threshold-below-zero-kept", "wedlm_kernels/requests/params.py",
         (("    return -math.inf if _float32(result) <= 0 else result", "    return result"),),
         ("tests/test_request_params.py",), "a threshold <= 0 is stored as given, so an fp32 "
         "entropy rounded below zero could pass it: not one token per step",
     ),
     Mutation(
-        "request-params-a-bool-is-a-number", "wedlm_kernels/request_params.py",
+        "request-params-a-bool-is-a-number", "wedlm_kernels/requests/params.py",
         (("    return isinstance(value, numbers.Real) and not isinstance(value, bool)",
           "    return isinstance(value, numbers.Real)"),),
         ("tests/test_request_params.py",), "True is taken as the number 1 (the two front "
@@ -859,14 +874,14 @@ MUTATIONS: list[Mutation] = [
         keyword="never_commits",
     ),
     Mutation(
-        "bad-words-every-completing-fill-refused", "wedlm_kernels/bad_words.py",
+        "bad-words-every-completing-fill-refused", "wedlm_kernels/requests/bad_words.py",
         (("    refused = (match & ~later).flatten(1).any(-1) & filling",
           "    refused = match.flatten(1).any(-1) & filling"),),
         BAD_WORDS_TESTS, "every fill of a completed word is refused, the step's leftmost too: "
         "a step may fill nothing",
     ),
     Mutation(
-        "bad-words-only-the-last-token-banned", "wedlm_kernels/bad_words.py",
+        "bad-words-only-the-last-token-banned", "wedlm_kernels/requests/bad_words.py",
         (("        ok = ok | (places[:, None] == places[None, :])[None, None]",
           "        ok = ok | ((places[:, None] == places[None, :]) & (places[:, None] == "
           "word_len - 1))[None, None]"),),
@@ -875,28 +890,28 @@ MUTATIONS: list[Mutation] = [
     ),
     # ------------------------------------------------------------ logprobs
     Mutation(
-        "logprobs-rank-counts-only-larger-values", "wedlm_kernels/logprobs.py",
+        "logprobs-rank-counts-only-larger-values", "wedlm_kernels/requests/logprobs.py",
         (("    ranks = (x >= x.gather(1, token_ids[:, :1])).sum(-1)",
           "    ranks = (x > x.gather(1, token_ids[:, :1])).sum(-1) + 1"),),
         LOGPROBS_TESTS, "a token tied with others gets rank 1 + the strictly larger ones, not "
         "vLLM's count of the values at least its own",
     ),
     Mutation(
-        "logprobs-processed-without-the-temperature", "wedlm_kernels/logprobs.py",
+        "logprobs-processed-without-the-temperature", "wedlm_kernels/requests/logprobs.py",
         (("        scaled = torch.where(sampled, x / torch.where(sampled, row_temperature, 1.0), x)",
           "        scaled = x"),),
         LOGPROBS_TESTS, "the processed modes list the untempered distribution, not the one "
         "the token was drawn from",
     ),
     Mutation(
-        "logprobs-rows-that-fill-nothing-written", "wedlm_kernels/logprobs.py",
+        "logprobs-rows-that-fill-nothing-written", "wedlm_kernels/requests/logprobs.py",
         (("    place = torch.where(filled, place, places)  # the rows not kept go to the spare place",
           "    place = torch.where(filled, place, place)"),),
         LOGPROBS_TESTS, "padding rows (row_pos -1) write their records at negative places, "
         "which wrap onto other slots' records",
     ),
     Mutation(
-        "logprobs-named-tokens-ignored", "wedlm_kernels/logprobs.py",
+        "logprobs-named-tokens-ignored", "wedlm_kernels/requests/logprobs.py",
         (("        names = (named >= 0).any(dim=1, keepdim=True)  # [R, 1]: the row lists its "
           "named tokens",
           "        names = (named < -1).any(dim=1, keepdim=True)  # [R, 1]: the row lists its "
@@ -1027,7 +1042,7 @@ VLLM_MUTATIONS += [
 # A request value the device cannot hold must be refused in the frontend: with a bound
 # dropped, the request reaches the worker, which raises and stops the engine (killed by the
 # one request of test_vllm_errors.py that the fuzz grid also sends, where that one fails).
-REQUEST_PARAMS = "wedlm_kernels/request_params.py"
+REQUEST_PARAMS = "wedlm_kernels/requests/params.py"
 VLLM_ERRORS = ("tests/vllm_plugin/test_vllm_errors.py",)
 VLLM_MUTATIONS += [
     Mutation(

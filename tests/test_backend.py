@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from wedlm_kernels import _library
+from wedlm_kernels.ops import _library
 
 
 def _import_with(backend: str) -> subprocess.CompletedProcess:
@@ -49,7 +49,7 @@ def test_every_op_runs_the_implementation_its_backend_names(backend):
     env = dict(os.environ, WEDLM_KERNELS_BACKEND=backend)
     env.pop("TRITON_INTERPRET", None)
     code = (
-        "from wedlm_kernels import _library\n"
+        "from wedlm_kernels.ops import _library\n"
         "for name, (module, _) in sorted(_library.OPS.items()):\n"
         "    launcher = _library.triton_launcher(name)\n"
         "    assert launcher is not None, name\n"

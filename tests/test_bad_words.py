@@ -1,4 +1,4 @@
-"""bad_words on a window (wedlm_kernels.bad_words, docs/contracts.md "Bad words"): the ban
+"""bad_words on a window (wedlm_kernels.requests.bad_words, docs/contracts.md "Bad words"): the ban
 and the unfill against the literal reference (reference/bad_words.py) on random windows
 over a tiny vocabulary (many matches), the guarantee (a simulated decode never writes a
 word), and model_min: no output holds a bad word, in every mode, with tokens the model
@@ -12,7 +12,7 @@ import torch
 
 from model_min import Generator, SamplingParams, load_model
 from reference import bad_words as ref
-from wedlm_kernels import bad_words as bw
+from wedlm_kernels.requests import bad_words as bw
 
 TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"
 VOCAB = 5

@@ -8,7 +8,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import wedlm_kernels as wk
-from wedlm_kernels import _dispatch, _library
+from wedlm_kernels.ops import _dispatch, _library
 
 
 def _attention_args():

@@ -1,4 +1,4 @@
-"""wedlm_kernels.grammar: the window walk (which slots a grammar decides, under which masks)
+"""wedlm_kernels.requests.grammar: the window walk (which slots a grammar decides, under which masks)
 and what a step does with it, on a grammar of a few token sequences (tests/grammars.py);
 then model_min decoding under it in every mode: every output is one the grammar accepts,
 forced tokens commit several tokens a forward, and the rules never leave a decided slot
@@ -14,8 +14,8 @@ import torch
 from model_min import Generator, SamplingParams, load_model
 from model_min import generator as generator_module
 from tests.grammars import Choice, Repeat
-from wedlm_kernels.grammar import GrammarStep, only_token, plan_window, token_allowed
-from wedlm_kernels.output_ids import output_bitmask
+from wedlm_kernels.requests.grammar import GrammarStep, only_token, plan_window, token_allowed
+from wedlm_kernels.requests.output_ids import output_bitmask
 
 END, VOCAB = 9, 70
 TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from wedlm_kernels import _library
+from wedlm_kernels.ops import _library
 
 ROOT = Path(__file__).parents[1]
 KERNEL_OPS = sorted(name for name in _library.OPS if _library.triton_launcher(name) is not None)
@@ -44,7 +44,7 @@ def test_outcomes_parse_the_summary_line():
 
 def test_interpret_backend_dispatches_cpu_tensors_to_the_triton_launchers():
     code = (
-        "from wedlm_kernels import _library\n"
+        "from wedlm_kernels.ops import _library\n"
         f"for name in {KERNEL_OPS!r}:\n"
         "    assert _library.kernel_for(name, 'cpu') is _library.triton_launcher(name), name\n"
         "print('ok')\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from wedlm_kernels import _library
+from wedlm_kernels.ops import _library
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT_IDS = [
@@ -30,7 +30,7 @@ VARIANT_IDS = [
 CHILD = r"""
 import json
 from tests.kernel_harness import compile_sm90, ptxas_resources
-from wedlm_kernels import _library
+from wedlm_kernels.ops import _library
 results = {}
 for name, (module, _) in sorted(_library.OPS.items()):
     for variant in (module.kernel_variants() if hasattr(module, "kernel_variants") else []):
@@ -39,7 +39,8 @@ for name, (module, _) in sorted(_library.OPS.items()):
             status = "ok" if compiled.asm.get("cubin") else "no cubin"
             results[f"{name}:{variant.name}"] = dict(
                 status=status, fused_multiply_adds=compiled.asm["ptx"].count("fma.rn.f32"),
-                enable_fp_fusion=variant.enable_fp_fusion, **ptxas_resources(compiled))
+                enable_fp_fusion=variant.enable_fp_fusion, num_warps=variant.num_warps,
+                shared=compiled.metadata.shared, **ptxas_resources(compiled))
         except Exception as error:
             results[f"{name}:{variant.name}"] = dict(
                 status=f"{type(error).__name__}: {error}"[-3000:])
@@ -153,3 +154,20 @@ def test_select_kernels_compile_with_the_alignment_real_launches_get(compile_res
     for kernel in ("scan", "filter", "one_launch_greedy", "one_launch_temperature"):
         for dtype in ("fp32", "fp16", "bf16"):
             assert f"select_tokens:{kernel}_{dtype}_aligned16" in compile_results
+
+
+def test_the_attention_split_rule_knows_how_many_programs_each_tile_keeps_resident(
+        compile_results):
+    """The FA2 split rule counts multiprocessors x residency slots (ops/attention.py,
+    RESIDENCY_SM90): each tile's residency is what its sm_90 compile allows (registers per
+    thread, shared memory), for bf16 and fp16 at head size 128."""
+    from bench.compile_facts import programs_per_sm
+    from wedlm_kernels.ops import attention
+
+    for (block_m, block_n, warps), resident in attention.RESIDENCY_SM90.items():
+        for dtype in ("bf16", "fp16"):
+            facts = compile_results[
+                f"paged_attention:attention_{dtype}_d128_m{block_m}_n{block_n}_w{warps}"]
+            assert facts["num_warps"] == warps
+            programs, _ = programs_per_sm(facts["registers"], warps, facts["shared"])
+            assert programs == resident, (block_m, block_n, warps, dtype, facts)

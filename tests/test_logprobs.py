@@ -1,4 +1,4 @@
-"""Logprobs of committed tokens (wedlm_kernels.logprobs, docs/contracts.md "Logprobs"):
+"""Logprobs of committed tokens (wedlm_kernels.requests.logprobs, docs/contracts.md "Logprobs"):
 the records against the float64 reference (reference/logprobs.py) in every mode, the store
 a slot's record waits in, and model_min's logprobs against the logits its trace recorded
 at the step that filled each slot."""
@@ -11,8 +11,8 @@ import torch
 
 from model_min import Generator, SamplingParams, load_model
 from reference import logprobs as ref
-from wedlm_kernels import logprobs as lp
-from wedlm_kernels import request_params as rp
+from wedlm_kernels.requests import logprobs as lp
+from wedlm_kernels.requests import params as rp
 
 TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"
 

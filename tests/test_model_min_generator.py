@@ -779,3 +779,48 @@ def test_a_graph_replays_only_under_the_sampling_mode_and_rules_it_was_captured_
     variants = {variant for _, _, variant in generator.graphs.batches}
     assert {sampling for sampling, _ in variants} == {"greedy", "temperature", "any"}
     assert len(variants) == 4
+
+
+@pytest.mark.parametrize("mode", ["streaming", "blockwise"])
+@pytest.mark.parametrize("case", ["greedy", "sampling"])
+def test_steps_without_the_row_readback_decode_the_same_tokens(tiny, mode, case):
+    """``row_readback="never"`` feeds all ``B * 2W`` rows every step instead of reading the
+    live-row count back (what ``"auto"`` does under CUDA graphs while the batch's rows are
+    memory-bound): the padding rows change no token and no forward or row count."""
+    hf, model = tiny
+    params = CASES[case]
+    results = {}
+    for readback in ("every_step", "never"):
+        generator = Generator(model, window=5, page_size=4, max_batch=3,
+                              row_readback=readback)
+        results[readback] = generator.generate(PROMPTS, params, mode=mode)
+    for read, unread in zip(results["every_step"], results["never"]):
+        assert unread.token_ids == read.token_ids
+        assert (unread.forwards, unread.rows) == (read.forwards, read.rows)
+    assert_matches_reference(hf, PROMPTS, params, results["never"], mode, 5)
+
+
+class _Rows:
+    """The fields of a batch state that the row count of a step reads."""
+
+    def __init__(self, win_len: list[int], slots: int) -> None:
+        self.size = len(win_len)
+        self.win_len = torch.tensor(win_len, dtype=torch.int32)
+        self.win_tokens = torch.zeros(self.size, slots, dtype=torch.int64)
+
+
+def test_auto_skips_the_row_readback_only_under_cuda_graphs_at_memory_bound_rows(tiny):
+    _, model = tiny
+    with pytest.raises(ValueError, match="row_readback"):
+        Generator(model, row_readback="sometimes")
+    generator = Generator(model, window=4, page_size=4)
+    generator._mode = "streaming"
+    few, many = _Rows([3, 0, 9], slots=10), _Rows([3] * 17, slots=10)  # 30 and 170 rows
+    assert generator._rows_for_step(few) == 12  # no graphs: the live rows, read back
+    generator.graphs = object()  # as with cuda_graph=True (never run here)
+    assert generator._rows_for_step(few) == 30  # B * 2W <= MEMORY_BOUND_ROWS: no readback
+    assert generator._rows_for_step(many) == 52  # above it: the bucket of its 51 live rows
+    generator.row_readback = "every_step"
+    assert generator._rows_for_step(few) == 12
+    generator._mode = "ar"
+    assert generator._rows_for_step(few) is None

@@ -1,4 +1,4 @@
-"""wedlm_kernels.output_ids: which ids no request outputs (the mask id, the ids the
+"""wedlm_kernels.requests.output_ids: which ids no request outputs (the mask id, the ids the
 tokenizer does not decode), read from a checkpoint's tokenizer.json; and model_min never
 writing one, whatever a request's logit rules or grammar say (docs/contracts.md, "Ids never
 output")."""
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from model_min import Generator, SamplingParams, load_model
 from tests.grammars import Choice
-from wedlm_kernels.grammar import token_allowed
-from wedlm_kernels.output_ids import never_output_ids, output_bitmask, tokenizer_ids
-from wedlm_kernels.request_params import allowed_bitmask
+from wedlm_kernels.requests.grammar import token_allowed
+from wedlm_kernels.requests.output_ids import never_output_ids, output_bitmask, tokenizer_ids
+from wedlm_kernels.requests.params import allowed_bitmask
 
 TINY = Path(__file__).resolve().parent.parent / "model_min" / "tiny_wedlm"
 EOS, MASK = 256, 257

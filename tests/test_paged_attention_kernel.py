@@ -18,7 +18,7 @@ from reference import attention as ref
 from tests.attention_inputs import pack, padded, uneven_packed_case, unpack
 from tests.kernel_harness import guarded
 from tests.numerics import ATTENTION_KERNEL_TOLERANCE, assert_close
-from wedlm_kernels import _library
+from wedlm_kernels.ops import _library
 from wedlm_kernels.ops import attention as attention_ops
 from wedlm_kernels.ops._triton import POINTER_TYPES
 from wedlm_kernels.ops.attention import (
@@ -596,6 +596,38 @@ def test_default_schedule_of_a_long_decode_window_splits_and_matches_the_referen
     k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.25)
     out = _run_kernel(args)
+    assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
+
+
+def test_the_fa2_split_rule_splits_a_long_decode_window_and_matches_the_reference(
+        monkeypatch):
+    """WEDLM_KERNELS_ATTENTION_SPLITS=fa2: the launcher takes the FA2 rule's split count
+    (here more than one chunk) and the kernel stays exact."""
+    from wedlm_kernels import _backend
+
+    monkeypatch.setattr(_backend, "ATTENTION_SPLITS", "fa2")
+    g = torch.Generator().manual_seed(16)
+    ctx, rows, group, head_dim, page_size = 1000, 4, 2, 16, 64
+    table, num_pages = _scattered_layout([ctx], [rows], rows, page_size, 0, g)
+    capacity = len(table[0]) * page_size
+    _, splits = attention_ops.schedule(torch.float32, rows + 2, 1, 1, group, head_dim, capacity,
+                                       attention_ops._multiprocessors(torch.device(DEVICE)),
+                                       "fa2")
+    assert splits > 1
+    seen = []
+    original = attention_ops.schedule
+
+    def recording(*args):
+        result = original(*args)
+        seen.append((args[-1], result[1]))
+        return result
+
+    monkeypatch.setattr(attention_ops, "schedule", recording)
+    q = torch.randn(1, rows, group, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, 1, head_dim, torch.float32, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths([ctx]), _lengths([rows]), 0.25)
+    out = _run_kernel(args)
+    assert seen and seen[-1] == ("fa2", splits)
     assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 

@@ -1,4 +1,4 @@
-"""wedlm_kernels.request_params: the one definition of a request's parameters that
+"""wedlm_kernels.requests.params: the one definition of a request's parameters that
 model_min's SamplingParams and the vLLM plugin's request check share. Every accepted value
 is stored in its buffer's dtype without an error, every refused one names its field, the
 documented mappings hold, and docs/contracts.md states every rule."""
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from model_min import SamplingParams
-from wedlm_kernels import request_params as rp
-from wedlm_kernels.request_params import ParameterError, ParameterTypeError
+from wedlm_kernels.requests import params as rp
+from wedlm_kernels.requests.params import ParameterError, ParameterTypeError
 
 ROOT = Path(__file__).resolve().parents[1]
 INF, NAN = math.inf, math.nan

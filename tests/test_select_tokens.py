@@ -502,6 +502,38 @@ def test_threshold_minus_inf_selects_exactly_one_row_per_sequence_with_valid_row
         assert all(row_pos[r] >= 0 for r in rows if selected[r])
 
 
+@pytest.mark.parametrize("case_seed", range(6))
+def test_a_penalty_of_1e30_commits_the_leftmost_mask_whatever_the_threshold(case_seed):
+    """Mask-AR order (docs/contracts.md, "Order of one token per step"): with penalty 1e30
+    only the valid row of lowest position can pass, and the fallback picks it; with no
+    penalty, one token per step is the lowest entropy, which is not always the leftmost."""
+    g = torch.Generator().manual_seed(case_seed)
+    num_seqs = 5
+    lengths = torch.randint(1, 6, (num_seqs,), generator=g).tolist()
+    cu_rows = [0]
+    for length in lengths:
+        cu_rows.append(cu_rows[-1] + length)
+    num_rows = cu_rows[-1]
+    row_pos = torch.randperm(num_rows + 4, generator=g)[:num_rows] + 10
+    row_pos[torch.rand(num_rows, generator=g) < 0.2] = -1
+    logits = torch.randn(num_rows, 33, generator=g) * torch.rand(num_rows, 1, generator=g) * 6
+    thresholds = [-INF, 0.0, 0.5, 5.0, 1e29]
+    leftmost = []
+    for b in range(num_seqs):
+        valid = [r for r in range(cu_rows[b], cu_rows[b + 1]) if row_pos[r] >= 0]
+        leftmost.append(min(valid, key=lambda r: int(row_pos[r])) if valid else None)
+    args = batch(logits, cu_rows, row_pos.tolist(), [0.8] * num_seqs, [0] * num_seqs,
+                 [1.0] * num_seqs, thresholds, [1e30] * num_seqs, list(range(num_seqs)))
+    _, selected, _ = wk.select_tokens(*args)
+    assert selected.nonzero().flatten().tolist() == [r for r in leftmost if r is not None]
+    if case_seed == 0:  # the order the penalty changes: lowest entropy, not leftmost
+        lowest_entropy = batch(logits, cu_rows, row_pos.tolist(), [0.8] * num_seqs,
+                               [0] * num_seqs, [1.0] * num_seqs, [-INF] * num_seqs,
+                               [0.0] * num_seqs, list(range(num_seqs)))
+        _, unpenalised, _ = wk.select_tokens(*lowest_entropy)
+        assert unpenalised.nonzero().flatten().tolist() != selected.nonzero().flatten().tolist()
+
+
 def test_nan_rows_never_pass_and_are_the_fallback_only_when_all_valid_rows_are_nan():
     nan_row, inf_row, flat = [NAN, 0.0, 0.0], [INF, 0.0, 0.0], [0.0, 0.0, 0.0]
     # NaN and +inf rows never pass, however high the threshold

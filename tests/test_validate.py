@@ -4,8 +4,15 @@ import pytest
 import torch
 
 import wedlm_kernels as wk
-from wedlm_kernels import _backend, _validate
-from wedlm_kernels._validate import Dims, check_float, check_int, check_same_device, check_tensor
+from wedlm_kernels import _backend
+from wedlm_kernels.ops import _validate
+from wedlm_kernels.ops._validate import (
+    Dims,
+    check_float,
+    check_int,
+    check_same_device,
+    check_tensor,
+)
 
 
 def test_non_tensor_argument_is_a_type_error_naming_it():

@@ -23,13 +23,13 @@ from wedlm_kernels.integrations.vllm.settings import (
     stop_ids_of,
     unsupported_parameters,
 )
-from wedlm_kernels.request_params import MAX_STOP_TOKEN_IDS
+from wedlm_kernels.requests.params import MAX_STOP_TOKEN_IDS
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
 # the package's public submodules besides its top level
-PUBLIC_MODULES = ("wedlm_kernels.request_params", "wedlm_kernels.model_config",
-                  "wedlm_kernels.grammar", "wedlm_kernels.output_ids")
+PUBLIC_MODULES = ("wedlm_kernels.requests.params", "wedlm_kernels.checkpoints.config",
+                  "wedlm_kernels.requests.grammar", "wedlm_kernels.requests.output_ids")
 
 
 def test_engine_defaults_are_the_reference_engines():

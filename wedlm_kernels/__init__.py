@@ -18,24 +18,31 @@ PyTorch): :func:`new_window_state` (a batch's :class:`WindowState`), :func:`pref
 (packed prefill rows' positions and cache slots), :func:`paged_slots` (cache slots through
 block tables) and :func:`mask_rows` (the rows of a packed step that ``select_tokens`` reads).
 
-Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``).
-:mod:`wedlm_kernels.request_params` defines a decoding request's parameters once (types,
-bounds, meanings) for the front ends above the ops (``model_min``, the vLLM plugin),
-:mod:`wedlm_kernels.grammar` how a grammar (structured outputs) constrains a window,
-:mod:`wedlm_kernels.logprobs` which distribution a committed token's logprobs come from,
-:mod:`wedlm_kernels.bad_words` how a window never writes a bad word,
-:mod:`wedlm_kernels.output_ids` which ids no request outputs (the mask id, the ids the
-tokenizer cannot decode), and :mod:`wedlm_kernels.model_config` what a checkpoint's
-``config.json`` means for the math.
-The backend is chosen once at import by ``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
+Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``),
+registered in one place (``ops/_library.py``). The package's rooms:
+
+- :mod:`wedlm_kernels.ops`: one module per kernel family, and the ops' plumbing
+  (registration, dispatch, argument checks);
+- :mod:`wedlm_kernels.requests`: what a decoding request means, shared by the front ends
+  above the ops (``model_min``, the vLLM plugin): its parameters (``requests.params``),
+  grammars (``requests.grammar``), logprobs (``requests.logprobs``), bad words
+  (``requests.bad_words``) and the ids no request outputs (``requests.output_ids``);
+- :mod:`wedlm_kernels.checkpoints`: what a checkpoint's ``config.json`` means for the math
+  (``checkpoints.config``);
+- :mod:`wedlm_kernels.integrations`: engines that serve WeDLM on the ops (vLLM).
+
+The modules' earlier names (``wedlm_kernels.grammar``, ``wedlm_kernels.request_params``,
+``wedlm_kernels.model_config``, ...) keep working. The backend is chosen once at import by
+``WEDLM_KERNELS_BACKEND`` (see ``_backend``).
 """
 
 import sys
 import types
 
-from . import _backend, _library  # noqa: F401  (_library registers torch.ops.wedlm.*)
+from . import _backend
 from ._backend import BACKEND
 from .batch import WindowState, mask_rows, new_window_state, paged_slots, prefill_slots
+from .ops import _library  # noqa: F401  (registers torch.ops.wedlm.*)
 from .ops.attention import paged_attention
 from .ops.commit import commit_window
 from .ops.logits import process_logits
@@ -64,6 +71,21 @@ __all__ = [
     "select_tokens",
     "silu_mul",
 ]
+
+
+# The request and checkpoint modules' earlier names, kept working (the same module objects).
+from .checkpoints import config as _checkpoint_config  # noqa: E402
+from .requests import bad_words as _bad_words  # noqa: E402
+from .requests import grammar as _grammar  # noqa: E402
+from .requests import logprobs as _logprobs  # noqa: E402
+from .requests import output_ids as _output_ids  # noqa: E402
+from .requests import params as _request_params  # noqa: E402
+
+for _old_name, _module in {
+    "request_params": _request_params, "grammar": _grammar, "bad_words": _bad_words,
+    "logprobs": _logprobs, "output_ids": _output_ids, "model_config": _checkpoint_config,
+}.items():
+    sys.modules[f"{__name__}.{_old_name}"] = _module
 
 
 class _Package(types.ModuleType):

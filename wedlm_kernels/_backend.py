@@ -35,4 +35,14 @@ if SELECT_KERNEL not in SELECT_KERNELS:
     raise ValueError(f"WEDLM_KERNELS_SELECT_KERNEL={SELECT_KERNEL!r} is not one of "
                      f"{', '.join(SELECT_KERNELS)}")
 
+# paged_attention's split-KV rule (ops/attention.py): ``measured`` (the rule the H200 runs
+# measured, the default) or ``fa2`` (FlashAttention-2's num_splits heuristic, residency-aware;
+# not yet measured on a GPU).
+ATTENTION_SPLIT_RULES = ("measured", "fa2")
+ATTENTION_SPLITS = os.environ.get("WEDLM_KERNELS_ATTENTION_SPLITS", "measured").strip().lower() \
+    or "measured"
+if ATTENTION_SPLITS not in ATTENTION_SPLIT_RULES:
+    raise ValueError(f"WEDLM_KERNELS_ATTENTION_SPLITS={ATTENTION_SPLITS!r} is not one of "
+                     f"{', '.join(ATTENTION_SPLIT_RULES)}")
+
 DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

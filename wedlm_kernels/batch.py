@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import Dims, check_int, check_same_device, check_tensor
+from .ops._validate import Dims, check_int, check_same_device, check_tensor
 
 _INT = (torch.int32, torch.int64)
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 import model_min
-from wedlm_kernels import request_params as rp
+from wedlm_kernels.requests import params as rp
 
 from .conftest import TINY, WINDOW
 

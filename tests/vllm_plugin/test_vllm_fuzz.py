@@ -3,7 +3,7 @@
 ``VLLMValidationError`` naming its field, or served, and served exactly as model_min serves
 the same draw (a grammar that allows nothing more ends that request with finish_reason
 "error" in both); model_min accepts and refuses the same draws (one definition,
-wedlm_kernels.request_params; structured outputs checked and compiled by vLLM's own backend
+wedlm_kernels.requests.params; structured outputs checked and compiled by vLLM's own backend
 for both); afterwards a fixed good request decodes as it did before.
 The same draws go over HTTP in test_vllm_server.py. And every device buffer of the plugin's
 model state has a declared source, whose bound fits its dtype."""
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from wedlm_kernels import request_params as rp
 from wedlm_kernels.integrations.vllm import request_stats
 from wedlm_kernels.integrations.vllm.state import BUFFER_SOURCES
+from wedlm_kernels.requests import params as rp
 
 from .fuzz_values import (
     GRID,

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from vllm import SamplingParams
 
 import model_min
-from wedlm_kernels.model_config import config_from_dict, expected_shapes
+from wedlm_kernels.checkpoints.config import config_from_dict, expected_shapes
 
 from .conftest import Engines
 from .test_vllm_decoding import reference_generate, vllm_generate

@@ -1,6 +1,6 @@
 """Structured outputs (vLLM's ``structured_outputs`` and the OpenAI server's
 ``response_format`` and tool calls) decoded in parallel windows: vLLM's structured-output
-manager and its xgrammar backend decide, ``wedlm_kernels.grammar``'s window rule applies
+manager and its xgrammar backend decide, ``wedlm_kernels.requests.grammar``'s window rule applies
 (docs/vllm.md, "Structured outputs"). Every output parses and validates; each request
 decodes model_min's tokens in model_min's forwards, with model_min's grammar compiled by
 the same vLLM backend; forced tokens (a schema's keys and punctuation) commit several

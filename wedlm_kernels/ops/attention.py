@@ -18,8 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend, _dispatch
-from .._validate import (
+from .. import _backend
+from . import _dispatch
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+from ._validate import (
     FLOAT_DTYPES,
     Dims,
     check_float,
@@ -27,7 +29,6 @@ from .._validate import (
     check_tensor,
     debug_check,
 )
-from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 
 def paged_attention(
@@ -796,18 +797,78 @@ def working_tiles(num_rows: int, batch: int, group: int, block_m: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def schedule(
     dtype: torch.dtype, num_rows: int, batch: int, kv_heads: int, group: int, head_dim: int,
-    capacity: int, multiprocessors: int,
+    capacity: int, multiprocessors: int, rule: str = "measured",
 ) -> tuple[LaunchConfig, int]:
-    """``(tile configuration, num_splits)`` of a call, from its shapes alone (cached)."""
+    """``(tile configuration, num_splits)`` of a call, from its shapes alone (cached).
+    ``rule``: the split rule, ``"measured"`` (:func:`split_count`) or ``"fa2"``
+    (:func:`fa2_split_count`; the ``WEDLM_KERNELS_ATTENTION_SPLITS`` setting)."""
     decode = num_rows <= MAX_DECODE_ROWS * max(batch, 1)
     pairs_per_sequence = triton.cdiv(num_rows, max(batch, 1)) * group
     config = launch_config(dtype, head_dim, pairs_per_sequence)
     programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
+    if rule == "fa2":
+        slots = multiprocessors * residency(config)
+        splits = fa2_split_count(programs, slots, triton.cdiv(capacity, config.block_n),
+                                 fa2_split_limit(capacity, config)) if decode else 1
+        return config, splits
     most_splits = split_limit(capacity, config)
     if decode and programs * most_splits < SPLIT_TARGET_WAVES * multiprocessors:
         config = launch_config(dtype, head_dim, pairs_per_sequence, few_programs=True)
         programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)
     return config, split_count(decode, programs, capacity, config, multiprocessors)
+
+
+# FlashAttention-2's split rule (its ``num_splits_heuristic``), adapted to this kernel: the
+# programs a launch can hold at once are the multiprocessors times the residency the
+# compiled kernel allows (registers, shared memory), and a split must read at least
+# KEYS_PER_PAIR keys for each (row, head) pair of its tile, or its partial outputs (fp32,
+# per pair) cost as much as the keys it reads.
+FA2_FILL = 0.8  # no split when the programs fill this fraction of the slots
+FA2_EFFICIENCY = 0.85  # the fewest splits within this fraction of the best wave efficiency
+KEYS_PER_PAIR = 8
+# Programs per sm_90 multiprocessor of each tile (bf16/fp16, head_dim 128, from the sm_90
+# compile: registers per thread and shared memory; tests/test_kernels_compile_sm90.py checks
+# these against ptxas). A configuration not listed counts as one.
+RESIDENCY_SM90 = {(16, 32, 4): 3, (64, 64, 4): 2, (128, 64, 8): 1}
+
+
+def residency(config: LaunchConfig) -> int:
+    """Programs of ``config``'s tile one multiprocessor holds at once (sm_90, compiled)."""
+    return RESIDENCY_SM90.get((config.block_m, config.block_n, config.num_warps), 1)
+
+
+def fa2_split_limit(capacity: int, config: LaunchConfig) -> int:
+    """The most key chunks the FA2 rule may use: each at least KEYS_PER_PAIR keys per pair
+    of the tile (``capacity // (KEYS_PER_PAIR * block_m)``), at most MAX_SPLITS; 1 (no
+    split) for tables shorter than two such chunks."""
+    return max(1, min(capacity // (KEYS_PER_PAIR * config.block_m), MAX_SPLITS))
+
+
+def fa2_split_count(programs: int, slots: int, key_tiles: int, most_splits: int) -> int:
+    """FlashAttention-2's split count for ``programs`` working programs on ``slots``
+    resident program slots (multiprocessors x residency), a sequence of ``key_tiles`` key
+    tiles and at most ``most_splits`` chunks.
+
+    No split when the programs already fill ``FA2_FILL`` of the slots. Otherwise, over the
+    split counts ``s`` up to ``min(most_splits, slots, key_tiles)`` that change the tiles
+    per chunk (``cdiv(key_tiles, s) != cdiv(key_tiles, s - 1)``; the others are the same
+    schedule with an empty chunk), the wave efficiency ``w / ceil(w)`` with
+    ``w = programs * s / slots`` (how full the last wave is); the answer is the fewest
+    splits within ``FA2_EFFICIENCY`` of the best."""
+    if programs >= FA2_FILL * slots:
+        return 1
+    most = min(most_splits, slots, key_tiles)
+    if most <= 1:
+        return 1
+    eligible = [s for s in range(1, most + 1)
+                if s == 1 or triton.cdiv(key_tiles, s) != triton.cdiv(key_tiles, s - 1)]
+
+    def efficiency(splits: int) -> float:
+        waves = programs * splits / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in eligible)
+    return next(s for s in eligible if efficiency(s) >= FA2_EFFICIENCY * best)
 
 
 def split_count(
@@ -883,7 +944,8 @@ def paged_attention_into(
         return
     group = q_heads // kv_heads
     config, default_splits = schedule(q.dtype, num_rows, batch, kv_heads, group, head_dim,
-                                      table_width * page_size, _multiprocessors(q.device))
+                                      table_width * page_size, _multiprocessors(q.device),
+                                      _backend.ATTENTION_SPLITS)
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
     num_splits = num_splits or default_splits

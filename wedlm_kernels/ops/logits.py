@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend, _dispatch
-from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
+from .. import _backend
+from . import _dispatch
 from ._triton import POINTER_TYPES, KernelVariant
+from ._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
 
 BITS = 32  # tokens per bitmask word (xgrammar's layout: bit v % 32 of word v // 32)
 

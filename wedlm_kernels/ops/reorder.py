@@ -11,9 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend, _dispatch
-from .._validate import Dims, check_int, check_same_device, check_tensor, debug_check
+from .. import _backend
+from . import _dispatch
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+from ._validate import Dims, check_int, check_same_device, check_tensor, debug_check
 
 # The kernel holds one sequence's whole window in a tile of BLOCK_SLOTS lanes: window
 # capacities up to MAX_KERNEL_SLOTS use the kernel, larger ones the PyTorch implementation

@@ -21,8 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend, _dispatch
-from .._validate import (
+from .. import _backend
+from . import _dispatch
+from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+from ._validate import (
     FLOAT_DTYPES,
     Dims,
     check_float,
@@ -31,7 +33,6 @@ from .._validate import (
     check_tensor,
     debug_check,
 )
-from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 
 
 @dataclass(frozen=True)

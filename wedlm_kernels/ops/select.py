@@ -20,10 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _backend, _dispatch
-from .._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
-from . import philox
+from .. import _backend
+from . import _dispatch, philox
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
+from ._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
 from .philox import gumbel_from_word, philox4x32_words, philox_gumbel
 
 

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .. import _dispatch
-from .._validate import FLOAT_DTYPES, Dims, check_tensor
+from . import _dispatch
 from ._triton import POINTER_TYPES, KernelVariant
+from ._validate import FLOAT_DTYPES, Dims, check_tensor
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.config import _CONFIG_REGISTRY
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-from wedlm_kernels.request_params import INT32_MAX
+from wedlm_kernels.requests.params import INT32_MAX
 
 from . import ARCHITECTURE
 from .config import WeDLMConfig
@@ -93,7 +93,7 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
 
 
 def _never_output(model_config) -> tuple[int, ...]:
-    """The ids no request outputs (:mod:`wedlm_kernels.output_ids`): the mask id and the ids
+    """The ids no request outputs (:mod:`wedlm_kernels.requests.output_ids`): the mask id and the ids
     the engine's tokenizer does not decode, from the tokenizer folder's ``tokenizer.json``
     (as model_min reads the checkpoint's) or else vLLM's tokenizer of the engine; without
     either (no tokenizer the engine can load), the mask id alone."""
@@ -101,7 +101,7 @@ def _never_output(model_config) -> tuple[int, ...]:
 
     from vllm.logger import init_logger
 
-    from wedlm_kernels.output_ids import never_output_ids, tokenizer_ids
+    from wedlm_kernels.requests.output_ids import never_output_ids, tokenizer_ids
 
     source = model_config.tokenizer
     known = tokenizer_ids(source) if source and Path(source).is_dir() else None

@@ -15,7 +15,7 @@ class WeDLMConfig(Qwen3Config):
     def __init__(self, qk_norm: bool = False, mask_token_id: int | None = None,
                  attention_bias: bool | None = None, head_dim: int | None = None,
                  **kwargs) -> None:
-        # As model_min reads it (wedlm_kernels.model_config): q/k/v bias unless the
+        # As model_min reads it (wedlm_kernels.checkpoints.config): q/k/v bias unless the
         # checkpoint has qk_norm, and without a head_dim, hidden_size / num_attention_heads
         # (Qwen3Config's own default is 128, which vLLM's Qwen3 decoder would then use)
         if attention_bias is None:

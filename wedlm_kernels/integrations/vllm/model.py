@@ -18,7 +18,7 @@ from vllm.model_executor.models.qwen2 import Qwen2Model
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM, Qwen3Model
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
-from wedlm_kernels.model_config import check_no_missing
+from wedlm_kernels.checkpoints.config import check_no_missing
 
 from . import ARCHITECTURE
 from .reading import (

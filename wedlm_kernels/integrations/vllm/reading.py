@@ -1,7 +1,7 @@
 """One reading of a checkpoint in both front ends (docs/vllm.md, "One reading of a
 checkpoint").
 
-A checkpoint reaches the math through two readers: :mod:`wedlm_kernels.model_config` (what
+A checkpoint reaches the math through two readers: :mod:`wedlm_kernels.checkpoints.config` (what
 model_min decodes) and the vLLM model class the plugin builds on (``Qwen3Model`` or
 ``Qwen2Model``, from vLLM's own config object). Where they would read a config differently
 (vLLM's ``Qwen2Model`` derives the head size from ``hidden_size / num_attention_heads`` and
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import wedlm_kernels as wk
-from wedlm_kernels.model_config import (
+from wedlm_kernels.checkpoints.config import (
     IGNORED_SUFFIXES,
     CheckpointError,
     ModelConfig,
@@ -64,7 +64,7 @@ def checkpoint_config(model_config: Any) -> ModelConfig:
 def _disagree(field: str, ours: Any, theirs: Any, decoder: str, hint: str = "") -> None:
     raise ConfigMismatchError(
         f"{ARCHITECTURE}: the checkpoint's {field} reads {ours!r} as model_min decodes it "
-        f"(wedlm_kernels.model_config), but vLLM's {decoder} uses {theirs!r}; the two would "
+        f"(wedlm_kernels.checkpoints.config), but vLLM's {decoder} uses {theirs!r}; the two would "
         f"decode differently{'. ' + hint if hint else ''}")
 
 

@@ -15,7 +15,7 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
 ``wedlm_distance_penalty``, ``wedlm_mode``. Every value, these and vLLM's own sampling
-fields, is checked by :mod:`wedlm_kernels.request_params`, the definition model_min's
+fields, is checked by :mod:`wedlm_kernels.requests.params`, the definition model_min's
 ``SamplingParams`` uses too. This module imports no vLLM.
 """
 
@@ -23,8 +23,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from wedlm_kernels import request_params as rp
-from wedlm_kernels.request_params import ParameterError
+from wedlm_kernels.requests import params as rp
+from wedlm_kernels.requests.params import ParameterError
 
 MODES = rp.MODES
 REQUEST_KEYS = {
@@ -103,7 +103,7 @@ def request_settings(engine: WeDLMSettings, extra_args: dict | None) -> WeDLMSet
 @dataclass(frozen=True)
 class RequestValues:
     """What a request stores on the device, each value within its buffer's bounds
-    (:mod:`wedlm_kernels.request_params`); ``seed`` None: draw one, ``max_tokens`` None:
+    (:mod:`wedlm_kernels.requests.params`); ``seed`` None: draw one, ``max_tokens`` None:
     up to ``max_model_len``."""
 
     settings: WeDLMSettings
@@ -185,7 +185,7 @@ def bad_words_token_ids(params: Any, tokenizer: Any, vocab_size: int | None
                         ) -> tuple[tuple[int, ...], ...] | None:
     """The request's ``bad_words`` as vLLM will tokenize them (each word with and without a
     leading space, ``SamplingParams.update_from_tokenizer``, run on a copy), checked by
-    :func:`wedlm_kernels.request_params.bad_words_token_ids`. Raises
+    :func:`wedlm_kernels.requests.params.bad_words_token_ids`. Raises
     :class:`ParameterError` (or vLLM's own validation error) naming ``bad_words``."""
     words = getattr(params, "bad_words", None)
     if not words:

@@ -36,11 +36,11 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 import wedlm_kernels as wk
-from wedlm_kernels import bad_words as bw
-from wedlm_kernels import logprobs as lp
-from wedlm_kernels import request_params as rp
-from wedlm_kernels.grammar import GrammarStep, WindowPlan
-from wedlm_kernels.request_params import (
+from wedlm_kernels.requests import bad_words as bw
+from wedlm_kernels.requests import logprobs as lp
+from wedlm_kernels.requests import params as rp
+from wedlm_kernels.requests.grammar import GrammarStep, WindowPlan
+from wedlm_kernels.requests.params import (
     FLOAT32_MAX,
     INT32_MAX,
     INT64_MAX,
@@ -56,7 +56,7 @@ from .settings import engine_settings, request_values, stop_ids_of
 logger = init_logger(__name__)
 
 # Where the values of every per-slot buffer come from: a request field of
-# wedlm_kernels.request_params, whose check in the frontend bounds the value to the buffer's
+# wedlm_kernels.requests.params, whose check in the frontend bounds the value to the buffer's
 # dtype (add_request stages the checked value), or the decode loop itself (values it
 # derives from committed tokens, lengths and the engine's settings; the packed storage).
 # tests/vllm_plugin/test_vllm_fuzz.py fails on a buffer missing here or out of its bound.
@@ -76,10 +76,10 @@ BUFFER_SOURCES = {
     "repetition_penalty": "repetition_penalty", "min_p": "min_p", "min_tokens": "min_tokens",
     "output_start": "loop", "bias_ids": "logit_bias", "bias_values": "loop",
     "output_counts": "loop", "prompt_mask": "loop", "allowed_mask": "allowed_token_ids",
-    # bad words (wedlm_kernels.bad_words), allocated with the first request that has any:
+    # bad words (wedlm_kernels.requests.bad_words), allocated with the first request that has any:
     # the words, their lengths and each slot's last committed outputs
     "bad_tokens": "bad_words_token_ids", "bad_lengths": "loop", "bad_tail": "loop",
-    # (and logprob_store, the logprob records of wedlm_kernels.logprobs, written by the loop
+    # (and logprob_store, the logprob records of wedlm_kernels.requests.logprobs, written by the loop
     # alone: token ids of the logits' argsort or of logprob_token_ids, fp32 values, ranks
     # up to the vocabulary); the ids a request names, allocated with the first that does
     "logprob_chosen": "logprob_token_ids",
@@ -184,7 +184,7 @@ class WeDLMModelState(DefaultModelState):
         hf_config = self.model_config.hf_config
         self.settings = engine_settings(vllm_config.additional_config)
         self.mask_token_id = int(hf_config.mask_token_id)
-        # the ids no request outputs (wedlm_kernels.output_ids, read by the config hook):
+        # the ids no request outputs (wedlm_kernels.requests.output_ids, read by the config hook):
         # -inf in every logit row before the request's rules
         self.never_output = torch.tensor(hf_config.wedlm_never_output, dtype=torch.int64,
                                          device=device)
@@ -296,7 +296,7 @@ class WeDLMModelState(DefaultModelState):
         self._sampling_params[2] = 1.0
         self._staged_counts: list[tuple[int, list[int], list[int]]] = []  # slot, prompt, out
         self._staged_allowed: list[tuple[int, list[int]]] = []  # slot, bitmask words
-        # Logprobs (wedlm_kernels.logprobs): each window slot's record, kept from the step
+        # Logprobs (wedlm_kernels.requests.logprobs): each window slot's record, kept from the step
         # that fills it to the one that commits it, at place (logical position mod the
         # window's capacity), [slots, capacity + 1, 1 + K]; allocated with the first
         # request that asks for logprobs. The alternatives each slot's request asks for
@@ -310,7 +310,7 @@ class WeDLMModelState(DefaultModelState):
         self.logprob_chosen: torch.Tensor | None = None
         self._num_chosen = np.zeros(slots, dtype=np.int32)
         self._saved_records: dict[str, tuple[int, lp.Records]] = {}  # request -> (K, records)
-        # Bad words (wedlm_kernels.bad_words): each slot's words [slots, 128, 16] and their
+        # Bad words (wedlm_kernels.requests.bad_words): each slot's words [slots, 128, 16] and their
         # lengths, and the last 15 outputs it committed (the left context a word may need);
         # allocated with the first request that has bad words. Host facts: each slot's
         # number of words and longest word; admissions staged for apply_staged_writes.
@@ -776,7 +776,7 @@ class WeDLMModelState(DefaultModelState):
         self._grammar = (req_ids, bitmask)
 
     def grammar_step(self, input_batch) -> tuple[GrammarStep | None, list[int]]:
-        """The step's structured requests (:mod:`wedlm_kernels.grammar`): what the sampler
+        """The step's structured requests (:mod:`wedlm_kernels.requests.grammar`): what the sampler
         does for them, and the batch indices of requests held this step (their fed window
         is not the one the scheduler walked: they commit nothing and are walked again)."""
         taken, self._grammar = self._grammar, None
@@ -1065,7 +1065,7 @@ class WeDLMSampler:
 
     def _bad_words(self, step: dict, live_len: torch.Tensor, row_pos: torch.Tensor
                    ) -> tuple | None:
-        """The step's bad words, as :func:`wedlm_kernels.bad_words.ban_bad_words` takes
+        """The step's bad words, as :func:`wedlm_kernels.requests.bad_words.ban_bad_words` takes
         them after the logits (None when no request of the step has any)."""
         state = self.state
         slots_np, slots = step["slots_np"], step["slots"]
@@ -1223,7 +1223,7 @@ class WeDLMSampler:
         out_len = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
         block_window = take(state.block_window)
         # a grammar's walk: at most the slots it validated are committed, and a window whose
-        # fed run a rejected slot cut keeps its W slots (wedlm_kernels.grammar)
+        # fed run a rejected slot cut keeps its W slots (wedlm_kernels.requests.grammar)
         commit_len = live_len if grammar is None else grammar.cut_windows(
             live_len, take(state.request_window))
         commit_limit = None if grammar is None else grammar.commit_limit

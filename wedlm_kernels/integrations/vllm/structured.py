@@ -1,5 +1,5 @@
 """Structured outputs for WeDLM on vLLM: vLLM's structured-output manager and grammar
-backend (xgrammar by default) decide, :mod:`wedlm_kernels.grammar`'s window rule applies
+backend (xgrammar by default) decide, :mod:`wedlm_kernels.requests.grammar`'s window rule applies
 (docs/vllm.md, "Structured outputs").
 
 Where each piece runs:
@@ -11,7 +11,7 @@ Where each piece runs:
   plugin's schedulers): keeps that report instead of vLLM's draft validation (which would
   cut the list at the first ``-1``, leaving the request no rows), and builds the step's
   ``GrammarOutput`` itself: per request one mask row per scheduled row, the window's slots
-  in logical order, walked by :func:`wedlm_kernels.grammar.plan_window` from the grammar
+  in logical order, walked by :func:`wedlm_kernels.requests.grammar.plan_window` from the grammar
   vLLM advanced with the committed tokens (each mask narrowed to the ids a request may
   output), then one row per request whose first words carry the walk's conclusion, a
   32-bit key of the window walked and whether the request ends (:func:`plan_words`). A
@@ -43,8 +43,8 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.core.sched.diffusion_scheduler import diffusion_canvas_width
 
-from wedlm_kernels.grammar import WindowPlan, plan_window
-from wedlm_kernels.output_ids import output_bitmask
+from wedlm_kernels.requests.grammar import WindowPlan, plan_window
+from wedlm_kernels.requests.output_ids import output_bitmask
 
 logger = init_logger(__name__)
 
@@ -81,7 +81,7 @@ def plan_of(words: Sequence[int]) -> tuple[WindowPlan, int, bool]:
 class StructuredWindows:
     """Mixed into the plugin's schedulers (before vLLM's): structured WeDLM requests keep
     the window their worker reported and get their grammar rows from
-    :func:`wedlm_kernels.grammar.plan_window` (module docstring). A request its walk ends
+    :func:`wedlm_kernels.requests.grammar.plan_window` (module docstring). A request its walk ends
     goes to ``end_request_with_error``, which the scheduler it is mixed into provides
     (:class:`.scheduler.EndsRequests`)."""
 
@@ -186,7 +186,7 @@ class StructuredWindows:
 
     def _wedlm_output_mask(self) -> np.ndarray:
         """The ids a request may output as a mask row (the config hook's
-        ``hf_config.wedlm_never_output``, wedlm_kernels.output_ids)."""
+        ``hf_config.wedlm_never_output``, wedlm_kernels.requests.output_ids)."""
         mask = getattr(self, "_wedlm_output_bits", None)
         if mask is None:
             model_config = self.vllm_config.model_config

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _backend
+from .. import _backend
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 # an integer / a real number (Python's or numpy's), not a bool: the checks of every number
 # a front end takes (config values, token ids, counts), as for request parameters
-from .ops.rope import YarnScaling
-from .request_params import is_integer
-from .request_params import is_number as is_real
+from ..ops.rope import YarnScaling
+from ..requests.params import is_integer
+from ..requests.params import is_number as is_real
 
 __all__ = ["CheckpointError", "ModelConfig", "SUPPORTED_MODEL_TYPES", "check_no_missing",
            "config_from_dict", "expected_shapes", "is_integer", "is_real"]

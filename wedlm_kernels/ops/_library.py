@@ -17,9 +17,8 @@ from types import ModuleType
 
 import torch
 
-from . import _dispatch
-from ._backend import BACKEND
-from .ops import attention, commit, logits, reorder, rope, select, silu_mul
+from .._backend import BACKEND
+from . import _dispatch, attention, commit, logits, reorder, rope, select, silu_mul
 
 # op name -> (module, mutated arguments)
 OPS: dict[str, tuple[ModuleType, tuple[str, ...]]] = {

@@ -438,7 +438,7 @@ def n(value: Any, name: str) -> int:
 # bad_words after tokenization (vLLM tokenizes each word with and without a leading
 # space): at most vLLM's 128 words (VLLM_MAX_NUM_BAD_WORDS) and 1024 tokens in all
 # (VLLM_MAX_BAD_WORDS_TOTAL_TOKENS), each word at most 16 tokens (a window slot's ban
-# compares rows x words x L x L tokens; wedlm_kernels.bad_words).
+# compares rows x words x L x L tokens; wedlm_kernels.requests.bad_words).
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_TOKENS = 16
 MAX_BAD_WORDS_TOTAL_TOKENS = 1024
@@ -486,7 +486,7 @@ def bad_words_token_ids(values: Any, name: str, vocab_size: int | None = None
     return tuple(words) or None
 
 
-# The most alternatives a request's logprobs may ask for (wedlm_kernels.logprobs keeps a
+# The most alternatives a request's logprobs may ask for (wedlm_kernels.requests.logprobs keeps a
 # record of 1 + this many columns per window slot until the slot commits).
 MAX_LOGPROBS = 64
 
@@ -517,7 +517,7 @@ def logprobs(value: Any, name: str, vocab_size: int | None = None) -> int | None
 
 
 # The most token ids a request's logprob_token_ids may name (vLLM's MAX_LOGPROB_TOKEN_IDS;
-# wedlm_kernels.logprobs keeps their columns in a slot's record instead of the top-K).
+# wedlm_kernels.requests.logprobs keeps their columns in a slot's record instead of the top-K).
 MAX_LOGPROB_TOKEN_IDS = 128
 
 

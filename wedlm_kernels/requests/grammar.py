@@ -13,7 +13,7 @@ slots per step:
    - a filled slot the grammar accepts advances the grammar (it is *validated*), and the
      walk goes on;
    - a mask slot gets the grammar's token mask at that state, less the ids no request
-     outputs (:mod:`wedlm_kernels.output_ids`); if the mask allows exactly one token (a
+     outputs (:mod:`wedlm_kernels.requests.output_ids`); if the mask allows exactly one token (a
      *forced* token) the walk advances with it and goes on; if it allows none (or the
      grammar refuses the token it forces) the walk stops *before* this slot, a *dead end*
      (no token can fill it; at the first slot, the request can never go on and its front
@@ -55,7 +55,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from .ops.logits import process_logits
+from ..ops.logits import process_logits
 
 ALL_ALLOWED = -1  # an int32 word with every bit set
 INT32_MAX = 2**31 - 1  # a commit limit that limits nothing
@@ -149,7 +149,7 @@ def plan_window(grammar: Grammar, window: Sequence[int], bitmask: torch.Tensor,
         Passed to the grammar's ``accept_tokens``.
     output_mask : np.ndarray or None
         ``[words]`` int32, the ids a request may output
-        (:func:`wedlm_kernels.output_ids.output_bitmask`); each mask slot's row is narrowed
+        (:func:`wedlm_kernels.requests.output_ids.output_bitmask`); each mask slot's row is narrowed
         to them before it is read (a filled slot's token outside them is rejected). None:
         the grammar's masks as they are.
 

@@ -44,9 +44,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._validate import Dims, check_tensor
-from .ops.select import kept_tokens
-from .request_params import (
+from ..ops._validate import Dims, check_tensor
+from ..ops.select import kept_tokens
+from .params import (
     MAX_LOGPROB_TOKEN_IDS,  # noqa: F401  (the most named tokens)
     MAX_LOGPROBS,  # noqa: F401  (the most alternatives a request gets)
 )

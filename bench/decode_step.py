@@ -27,7 +27,9 @@ parameters x live rows per step / the bf16 matmul rate measured in the same run 
 8192^3 GEMM)); live rows per step are the rows the requests fed (``Result.rows``, padding
 excluded) over the same step difference. The summary (a top-level ``"summary"`` key of the
 JSON) holds: ``ar_b1_step_over_floor``, ``streaming_b1_over_ar_b1``,
-``eager_over_graph_b1_streaming``, ``streaming_b16_over_roofline``,
+``eager_over_graph_b1_streaming``, ``readback_over_no_readback_b1_streaming`` (the B=1
+streaming step reading its live rows back, over the step that replays all ``B * 2W`` rows
+without a readback: model_min's ``row_readback``), ``streaming_b16_over_roofline``,
 ``streaming_b64_over_roofline`` (flat logits, graphs on unless stated),
 ``streaming_over_ar_toks_peaked_b{1,16,64}`` (tokens per second of streaming over AR with
 peaked logits) and ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
@@ -107,6 +109,9 @@ class Case:
     batch: int
     logits: str
     graphs: bool
+    # model_min's Generator(row_readback=...): "auto" (no live-row readback under graphs
+    # while B * 2W <= MEMORY_BOUND_ROWS) or "every_step" (the step before it, for comparison)
+    row_readback: str = "auto"
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype,
@@ -254,7 +259,7 @@ def run_case(model: Model, case: Case, cuda_graph_ok: bool, profile_it: bool,
     generator = CountingGenerator(
         model, window=WINDOW, page_size=PAGE_SIZE, max_batch=case.batch,
         max_cache_tokens=case.batch * (PROMPT_TOKENS + new_tokens(case, LONG_STEPS) + 4 * WINDOW),
-        cuda_graph=case.graphs and cuda_graph_ok,
+        cuda_graph=case.graphs and cuda_graph_ok, row_readback=case.row_readback,
     )
     prompts = prompts_for(case.batch, model.config, seed=case.batch)
     lengths = {"short": new_tokens(case, SHORT_STEPS), "long": new_tokens(case, LONG_STEPS)}
@@ -310,10 +315,10 @@ def summarise(cases: list[dict], floor_ms: float | None, graphs: bool) -> dict:
     """The headline ratios (``graphs``: of the cases with CUDA graphs; CPU runs have none).
     A ratio whose cases did not run (``--quick``, ``--batches``) is None."""
 
-    def value(key, mode, batch=1, graphs=graphs, logits="flat"):
+    def value(key, mode, batch=1, graphs=graphs, logits="flat", readback="auto"):
         for case in cases:
-            if (case["mode"], case["batch"], case["graphs"], case["logits"]) == (
-                    mode, batch, graphs, logits):
+            if (case["mode"], case["batch"], case["graphs"], case["logits"],
+                    case.get("row_readback", "auto")) == (mode, batch, graphs, logits, readback):
                 return case[key]
         return None
 
@@ -325,6 +330,10 @@ def summarise(cases: list[dict], floor_ms: float | None, graphs: bool) -> dict:
         "streaming_b1_over_ar_b1": ratio(step("streaming"), step("ar")),
         "eager_over_graph_b1_streaming": ratio(step("streaming", graphs=False),
                                                step("streaming", graphs=True)),
+        # the step reading its live rows back over the step without (> 1: the readback
+        # cost more than the padding rows; model_min's row_readback="auto")
+        "readback_over_no_readback_b1_streaming": ratio(
+            value("step_ms", "streaming", readback="every_step"), step("streaming")),
     }
     for batch in (16, 64):
         summary[f"streaming_b{batch}_over_roofline"] = ratio(
@@ -341,7 +350,9 @@ def write_markdown(report: dict, path: Path) -> None:
     for case in report["cases"]:
         breakdown = case["breakdown_ms"] or {}
         rows.append([
-            case["mode"], str(case["batch"]), case["logits"], "on" if case["graphs"] else "off",
+            case["mode"], str(case["batch"]), case["logits"],
+            ("on" if case["graphs"] else "off")
+            + (", rows read back" if case.get("row_readback") == "every_step" else ""),
             fmt(case["step_ms"], 2), fmt(case["live_rows_per_step"], 1),
             fmt(case["roofline_ms"], 2), fmt(case["step_over_roofline"], 2),
             fmt(case["tokens_per_forward"], 2), fmt(case["tokens_per_s"], 0),
@@ -395,6 +406,9 @@ def cases_for(args: argparse.Namespace) -> list[Case]:
                     if args.quick and not graphs and batch != 1:
                         continue
                     cases.append(Case(mode, batch, logits, graphs))
+                    if graphs and mode == "streaming" and logits == "flat" and batch == 1:
+                        # the same step reading its live rows back, as before
+                        cases.append(Case(mode, batch, logits, graphs, "every_step"))
     return cases
 
 

@@ -471,9 +471,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "attention-schedule-counts-padding-tiles", ATTENTION,
         (("programs = kv_heads * working_tiles(num_rows, batch, group, config.block_m)\n"
-          "    most_splits",
+          "    if rule",
           "programs = kv_heads * query_tiles(num_rows, batch, group, config.block_m)\n"
-          "    most_splits"),),
+          "    if rule"),),
         ATTENTION_KERNEL_TESTS, "the split count counts tiles that hold no rows",
         keyword="decode_steps_average",
     ),

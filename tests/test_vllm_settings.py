@@ -28,8 +28,9 @@ from wedlm_kernels.requests.params import MAX_STOP_TOKEN_IDS
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATIONS = ROOT / "wedlm_kernels" / "integrations"
 # the package's public submodules besides its top level
-PUBLIC_MODULES = ("wedlm_kernels.requests.params", "wedlm_kernels.checkpoints.config",
-                  "wedlm_kernels.requests.grammar", "wedlm_kernels.requests.output_ids")
+# the public rooms above the ops: request semantics and checkpoint reading (the ops
+# themselves are reached through `wedlm_kernels`)
+PUBLIC_MODULES = ("wedlm_kernels.requests", "wedlm_kernels.checkpoints")
 
 
 def test_engine_defaults_are_the_reference_engines():

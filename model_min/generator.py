@@ -1,4 +1,4 @@
-"""Batched WeDLM decoding on the public ops (docs/algorithm.md section 4, docs/contracts.md
+"""Batched WeDLM decoding on the public ops (docs/algorithm.md section 4, docs/decoder.md
 "Decoding loop around the ops").
 
 A streaming / block-wise decode step is, for the whole batch at once::
@@ -79,7 +79,7 @@ class SamplingParams:
 
     Checked, and mapped where a value has a documented meaning, by
     :mod:`wedlm_kernels.requests.params`, the one definition the vLLM plugin checks its
-    requests with too (docs/contracts.md, "Request parameters"): a bad value raises
+    requests with too (docs/requests.md, "Request parameters"): a bad value raises
     ``ParameterError`` (a ``ValueError``; ``ParameterTypeError``, also a ``TypeError``, for
     a wrong type) naming the field, and the fields hold the values as stored afterwards
     (``threshold=None`` reads back as ``-inf``).
@@ -107,9 +107,9 @@ class SamplingParams:
     bad_words_token_ids: Sequence[Sequence[int]] | None = None
     # Structured output: a function returning a fresh grammar (wedlm_kernels.requests.grammar.Grammar,
     # masks over the model's vocabulary), called once per request; every output then
-    # parses (docs/contracts.md, "Structured outputs").
+    # parses (docs/requests.md, "Structured outputs").
     grammar: Callable[[], Any] | None = None
-    # Log-probabilities of the committed tokens (docs/contracts.md, "Logprobs"): None, or
+    # Log-probabilities of the committed tokens (docs/requests.md, "Logprobs"): None, or
     # how many of the most likely tokens each position also lists (0 .. 64; -1: the whole
     # vocabulary, when it has at most 64 tokens). Result.logprobs holds them.
     logprobs: int | None = None
@@ -271,10 +271,10 @@ class Generator:
         Capture the decode step in CUDA graphs (CUDA only; one graph per batch-size bucket,
         the batch is padded to the bucket).
     logprobs_mode : str
-        vLLM's ``logprobs_mode`` (docs/contracts.md, "Logprobs").
+        vLLM's ``logprobs_mode`` (docs/requests.md, "Logprobs").
     grammar_drafts : bool
         Under a grammar, sample the mask slots past the decided ones as drafts, checked by
-        the next step's walk (docs/contracts.md, "Structured outputs"). False: only the
+        the next step's walk (docs/requests.md, "Structured outputs"). False: only the
         decided slots are sampled, one sampled token per step (the rule before drafts;
         for comparison).
     row_readback : str
@@ -943,7 +943,7 @@ class Generator:
     def _ban_never_output(self, logits: torch.Tensor) -> torch.Tensor:
         """``-inf`` at the ids no request outputs, in every row, in place, before anything
         reads the logits (a grammar's mask, the logprobs, the rules, the entropy, the
-        selection; docs/contracts.md, "Ids never output"). Returns ``logits``."""
+        selection; docs/requests.md, "Ids never output"). Returns ``logits``."""
         if self._never_output.numel():
             logits.index_fill_(1, self._never_output, -math.inf)
         return logits

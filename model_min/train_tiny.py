@@ -29,7 +29,7 @@ Every training sequence ``x[0..N)`` is fed twice in one forward of ``2N`` rows:
   window starts as (the window after a prompt, and its refilled tail after each commit):
   with ``k`` uniform alone they are 1 block in 16, and the model then committed wrong
   digits with confidence where a count lengthens (``count: 99 `` -> ``100 100``; see
-  docs/contracts.md, "Training objective of the demo model").
+  docs/decoder.md, "Training objective of the demo model").
 
 Loss per sequence: ``(L_mask + L_ar) / 2`` with
 ``L_mask = sum over masked tokens of CE / r_block, divided by N`` (the 1/ratio weighting of

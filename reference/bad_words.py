@@ -1,4 +1,4 @@
-"""Reference bad_words rule (docs/contracts.md, "Bad words"), literally, one sequence at a
+"""Reference bad_words rule (docs/requests.md, "Bad words"), literally, one sequence at a
 time: positions are logical, ``known`` maps a position to its token (committed output or
 filled window slot; prompt positions are never in it)."""
 

@@ -1,4 +1,4 @@
-"""Reference WeDLM decoder without a KV cache (docs/algorithm.md section 4, docs/contracts.md
+"""Reference WeDLM decoder without a KV cache (docs/algorithm.md section 4, docs/decoder.md
 "Decoding loop around the ops").
 
 One sequence at a time, on Python lists. Every forward recomputes the whole sequence: the

@@ -1,4 +1,4 @@
-"""Reference logprob records (docs/contracts.md, "Logprobs"), one row at a time in float64.
+"""Reference logprob records (docs/requests.md, "Logprobs"), one row at a time in float64.
 
 :func:`row_record`: the chosen token's value and rank, and the values of the ``K`` most
 likely tokens (in descending order; which of several tied tokens is listed is left to the

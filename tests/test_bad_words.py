@@ -1,4 +1,4 @@
-"""bad_words on a window (wedlm_kernels.requests.bad_words, docs/contracts.md "Bad words"): the ban
+"""bad_words on a window (wedlm_kernels.requests.bad_words, docs/requests.md "Bad words"): the ban
 and the unfill against the literal reference (reference/bad_words.py) on random windows
 over a tiny vocabulary (many matches), the guarantee (a simulated decode never writes a
 word), and model_min: no output holds a bad word, in every mode, with tokens the model

@@ -1,4 +1,4 @@
-"""Logprobs of committed tokens (wedlm_kernels.requests.logprobs, docs/contracts.md "Logprobs"):
+"""Logprobs of committed tokens (wedlm_kernels.requests.logprobs, docs/requests.md "Logprobs"):
 the records against the float64 reference (reference/logprobs.py) in every mode, the store
 a slot's record waits in, and model_min's logprobs against the logits its trace recorded
 at the step that filled each slot."""

@@ -1,6 +1,6 @@
 """wedlm_kernels.requests.output_ids: which ids no request outputs (the mask id, the ids the
 tokenizer does not decode), read from a checkpoint's tokenizer.json; and model_min never
-writing one, whatever a request's logit rules or grammar say (docs/contracts.md, "Ids never
+writing one, whatever a request's logit rules or grammar say (docs/requests.md, "Ids never
 output")."""
 
 import json

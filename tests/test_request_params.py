@@ -262,8 +262,8 @@ def test_model_min_sampling_params_accept_and_store_what_the_definition_does(
     assert stored == expected or (isinstance(stored, float) and math.isnan(stored))
 
 
-def test_contracts_state_every_field_its_buffer_and_its_rule():
-    rows = [line for line in (ROOT / "docs" / "contracts.md").read_text().splitlines()
+def test_the_request_page_states_every_field_its_buffer_and_its_rule():
+    rows = [line for line in (ROOT / "docs" / "requests.md").read_text().splitlines()
             if line.startswith("| ")]
     for field, (dtype, rule) in rp.FIELDS.items():
         [row] = [line for line in rows if line.startswith(f"| {field} |")]

@@ -1,4 +1,4 @@
-"""``bad_words`` served by WeDLM decoding (docs/contracts.md, "Bad words"): vLLM tokenizes
+"""``bad_words`` served by WeDLM decoding (docs/requests.md, "Bad words"): vLLM tokenizes
 each word (with and without a leading space) and the window never commits one; the tokens
 and forwards equal model_min's with the same token ids, greedy and seeded, alone, mixed
 with plain requests, under preemption and asynchronous scheduling; bad values and the

@@ -1,4 +1,4 @@
-"""``logprobs`` served by WeDLM decoding (docs/contracts.md, "Logprobs"): each committed
+"""``logprobs`` served by WeDLM decoding (docs/requests.md, "Logprobs"): each committed
 token's entry and its alternatives, from the distribution its slot was filled from at the
 step that filled it, equal to model_min's (the same tokens; the values within the two
 engines' float32 rounding), in vLLM's format, greedy and seeded, with logit rules, a

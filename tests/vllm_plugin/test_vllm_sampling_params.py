@@ -137,7 +137,7 @@ def test_a_slot_forgets_the_rules_of_its_last_request(engine, reference):
 
 
 # The tiny model's ids no request outputs: the mask id (257) and the ids its tokenizer
-# lacks (258 .. 263); wedlm_kernels.requests.output_ids, docs/contracts.md "Ids never output"
+# lacks (258 .. 263); wedlm_kernels.requests.output_ids, docs/requests.md "Ids never output"
 NEVER = [257, 258, 259, 260, 261, 262, 263]
 
 

@@ -69,7 +69,7 @@ def commit_window(
     the window it was fed in this call, rules 1 and 3 together (the runs they commit are
     cut there; the refill of rule 4 still counts the whole run). A grammar-constrained
     front end passes the slots its walk validated, so that a draft is never committed
-    before the grammar has accepted it (docs/contracts.md, "Structured outputs").
+    before the grammar has accepted it (docs/requests.md, "Structured outputs").
 
     Slots ``>= win_len`` of active sequences end as ``mask_id``/True. ``out_tokens`` is only
     written at columns ``[old out_len, new out_len)``.

@@ -7,5 +7,5 @@ vLLM plugin), so that both accept, refuse and decode the same requests:
 - :mod:`.bad_words`: how a window never writes a bad word;
 - :mod:`.output_ids`: the ids no request outputs (the mask id, ids the tokenizer lacks).
 
-``docs/contracts.md`` states each.
+``docs/requests.md`` states each.
 """

@@ -1,4 +1,4 @@
-"""vLLM's ``bad_words`` on a WeDLM window (docs/contracts.md, "Bad words").
+"""vLLM's ``bad_words`` on a WeDLM window (docs/requests.md, "Bad words").
 
 An AR decoder bans a word's last token when the tokens before it spell the rest of the
 word. A WeDLM step fills several mask slots at once, anywhere in its window, so a word can

@@ -1,5 +1,5 @@
 """Structured outputs on a WeDLM window: which slots a grammar decides, which slots are
-drafts, under which token masks, and what a decode step does with them (docs/contracts.md,
+drafts, under which token masks, and what a decode step does with them (docs/requests.md,
 "Structured outputs").
 
 A grammar accepts tokens left to right; a WeDLM step fills mask slots anywhere in its

@@ -1,5 +1,5 @@
 """Log-probabilities of committed tokens (vLLM's ``logprobs``) on a WeDLM window
-(docs/contracts.md, "Logprobs").
+(docs/requests.md, "Logprobs").
 
 An AR decoder samples a token and emits it at once; a WeDLM step fills mask slots anywhere
 in its window and commits, at a later step (or the same one, at a finish), the leading run

@@ -1,4 +1,4 @@
-"""The token ids no front end ever outputs, defined once (docs/contracts.md, "Ids never
+"""The token ids no front end ever outputs, defined once (docs/requests.md, "Ids never
 output").
 
 A checkpoint's vocabulary (its embedding rows, ``config.json``'s ``vocab_size``) is often

@@ -5,7 +5,7 @@
 here, so the two front ends accept and refuse the same values and store the same thing.
 Each function takes the value and the name the caller knows it by (for the error) and
 returns the value as it is stored in the device buffer that holds it
-(``docs/contracts.md``, "Request parameters", has the table)::
+(``docs/requests.md``, "Request parameters", has the table)::
 
     field              stored as  accepted                         mapped before it is stored
     window             int32      integer 1 .. min(engine's, 4096)

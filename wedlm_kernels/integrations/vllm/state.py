@@ -1158,7 +1158,7 @@ class WeDLMSampler:
         cu_rows = input_batch.cu_num_logits[: num_reqs + 1]
         # the requests' logit rules, the groups some request of the step uses (host facts)
         rules = {rule: bool(state._rules[rule][step["slots_np"]].any()) for rule in RULES}
-        # the ids no request outputs first (docs/contracts.md, "Ids never output"), then
+        # the ids no request outputs first (docs/requests.md, "Ids never output"), then
         # the grammar's masks, as vLLM applies them
         if state.never_output.numel():
             logits.index_fill_(1, state.never_output, float("-inf"))

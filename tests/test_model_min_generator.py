@@ -379,7 +379,10 @@ def test_window_steps_feed_the_model_only_live_rows(tiny, mode, graphs, monkeypa
     prompts = [[(7 * i + j) % 250 + 1 for j in range(3 + i % 4)] for i in range(10)]
     params = [SamplingParams(max_new_tokens=6 + i % 5, threshold=2.8, seed=i) for i in range(10)]
     window = 4
-    generator = Generator(model, window=window, page_size=4, max_batch=10)
+    # (the step that reads its live rows back; under CUDA graphs "auto" reads nothing back
+    # while B * 2W is memory-bound, as here: test_steps_without_the_row_readback_... )
+    generator = Generator(model, window=window, page_size=4, max_batch=10,
+                          row_readback="every_step")
     if graphs:
         class EagerGraphs(StepGraphs):
             def _capture(self, static, mode, rows):
@@ -570,7 +573,8 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
     for mode in ("streaming", "ar"):
         eager = Generator(model, window=4, page_size=4, max_batch=3).generate(
             PROMPTS, params, mode=mode)
-        generator = Generator(model, window=4, page_size=4, max_batch=3)
+        generator = Generator(model, window=4, page_size=4, max_batch=3,
+                              row_readback="every_step")
         generator.graphs = EagerGraphs(generator._step)
         results = generator.generate(PROMPTS, params, mode=mode)
         assert [r.token_ids for r in results] == [r.token_ids for r in eager]
@@ -578,6 +582,12 @@ def test_graph_bucket_path_pads_copies_and_compacts_like_eager(tiny):
         sizes = {dict((name, shape) for name, shape, _ in signature)["win_len"][0]
                  for _, signature, _ in generator.graphs.batches}
         assert len(sizes) >= 2  # several batch buckets were used
+        # the default under graphs at these memory-bound rows: no readback, B * 2W rows
+        unread = Generator(model, window=4, page_size=4, max_batch=3)
+        unread.graphs = EagerGraphs(unread._step)
+        results = unread.generate(PROMPTS, params, mode=mode)
+        assert [r.token_ids for r in results] == [r.token_ids for r in eager]
+        assert [(r.forwards, r.rows) for r in results] == [(r.forwards, r.rows) for r in eager]
         if mode == "streaming":  # and several row buckets
             assert max(len(graphs) for _, graphs in generator.graphs.batches.values()) >= 2
         assert len(generator.cache.free_pages) == generator.cache.num_pages

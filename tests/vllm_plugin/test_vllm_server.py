@@ -572,7 +572,7 @@ def test_no_request_stops_the_server_and_each_is_refused_by_name_or_served_as_mo
 
 def test_no_chat_request_stops_the_server_and_each_is_refused_by_name_or_served(
         client, server):
-    from openai import APIStatusError
+    from openai import APIConnectionError, APIStatusError
 
     messages = [{"role": "user", "content": "x = 1"}]
 
@@ -588,9 +588,19 @@ def test_no_chat_request_stops_the_server_and_each_is_refused_by_name_or_served(
             status, answer = post(server, "/chat/completions",
                                   {"model": "tiny-wedlm", "messages": messages, **body})
             return field, status, answer
+        def create():
+            return client.chat.completions.create(model="tiny-wedlm", messages=messages,
+                                                  extra_body=body)
+
         try:
-            response = client.chat.completions.create(model="tiny-wedlm", messages=messages,
-                                                      extra_body=body)
+            try:
+                response = create()
+            except APIConnectionError:
+                # a connection the server's HTTP layer dropped before answering (an idle
+                # keep-alive connection it closed as the SDK reused it: seen once, eight
+                # clients on a loaded 2-core machine); the request is sent once more, and a
+                # dead server fails the checks below that it still serves
+                response = create()
         except APIStatusError as error:
             return field, error.status_code, str(error)
         return field, 200, response.choices[0].message.content

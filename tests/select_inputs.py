@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -11,6 +12,18 @@ from tests.numerics import DECISION_MARGIN
 INF = float("inf")
 NAN = float("nan")
 
+
+# The warnings the one-launch kernel raises under Triton's interpreter on purpose, for the
+# test modules that run it (pytestmark): the interpreter converts 1-element arrays to ints
+# (loop bounds that are tensors), and numpy warns where the kernel's arithmetic meets -inf
+# and NaN (the padding of a tile).
+ONE_LAUNCH_INTERPRETER_WARNINGS = [
+    pytest.mark.filterwarnings(
+        "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
 
 def f32(*values):
     return torch.tensor(values, dtype=torch.float32)

@@ -25,20 +25,11 @@ from bench import common
 from bench import select_tokens as bench
 from tests.numerics import ENTROPY_TOLERANCE
 from tests.plot_checks import assert_png, hide_matplotlib, needs_matplotlib
-from tests.select_inputs import batch
+from tests.select_inputs import ONE_LAUNCH_INTERPRETER_WARNINGS, batch
 from wedlm_kernels.ops.select import select_tokens_torch
 
 REPO = Path(__file__).resolve().parent.parent
-# Triton's interpreter converts 1-element arrays to ints (loop bounds that are tensors), and
-# numpy warns where the one-launch kernel's arithmetic meets -inf and NaN on purpose (the
-# padding of a tile; tests/test_select_one_launch.py ignores the same warnings)
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-]
+pytestmark = ONE_LAUNCH_INTERPRETER_WARNINGS
 
 
 ROUNDS = 3  # interleaved rounds of the rules cases in these tests (the benchmark's: 15)

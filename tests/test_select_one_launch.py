@@ -16,6 +16,7 @@ from reference import select as ref
 from tests.kernel_harness import guarded
 from tests.numerics import ENTROPY_TOLERANCE, assert_selection
 from tests.select_inputs import (
+    ONE_LAUNCH_INTERPRETER_WARNINGS,
     batch,
     choose_thresholds,
     greedy_tile_tie_batch,
@@ -29,11 +30,7 @@ from wedlm_kernels.ops import select_one_launch as one_launch
 from wedlm_kernels.ops.philox import gumbel_from_bits, philox_gumbel_triton
 
 pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    *ONE_LAUNCH_INTERPRETER_WARNINGS,
     pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
 ]
 

@@ -15,13 +15,18 @@ host, so they are off by default.
 
 import os
 
-BACKENDS = ("auto", "interpret", "torch")
 
-BACKEND = os.environ.get("WEDLM_KERNELS_BACKEND", "auto").strip().lower() or "auto"
-if BACKEND not in BACKENDS:
-    raise ValueError(
-        f"WEDLM_KERNELS_BACKEND={BACKEND!r} is not one of {', '.join(BACKENDS)}"
-    )
+def _setting(variable: str, choices: tuple[str, ...]) -> str:
+    """The environment setting ``variable`` (case and spaces ignored; unset or empty: the
+    first of ``choices``), which must be one of ``choices``."""
+    value = os.environ.get(variable, choices[0]).strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{variable}={value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+BACKENDS = ("auto", "interpret", "torch")
+BACKEND = _setting("WEDLM_KERNELS_BACKEND", BACKENDS)
 if BACKEND == "interpret":
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -29,20 +34,12 @@ if BACKEND == "interpret":
 # (docs/contracts.md, "Sampling modes"): ``three_launch`` (measured on an H200, the default)
 # or ``one_launch`` (ops/select_one_launch.py). ``any`` calls always take the three launches.
 SELECT_KERNELS = ("three_launch", "one_launch")
-SELECT_KERNEL = os.environ.get("WEDLM_KERNELS_SELECT_KERNEL", "three_launch").strip().lower() \
-    or "three_launch"
-if SELECT_KERNEL not in SELECT_KERNELS:
-    raise ValueError(f"WEDLM_KERNELS_SELECT_KERNEL={SELECT_KERNEL!r} is not one of "
-                     f"{', '.join(SELECT_KERNELS)}")
+SELECT_KERNEL = _setting("WEDLM_KERNELS_SELECT_KERNEL", SELECT_KERNELS)
 
 # paged_attention's split-KV rule (ops/attention.py): ``measured`` (the rule the H200 runs
 # measured, the default) or ``fa2`` (FlashAttention-2's num_splits heuristic, residency-aware;
 # not yet measured on a GPU).
 ATTENTION_SPLIT_RULES = ("measured", "fa2")
-ATTENTION_SPLITS = os.environ.get("WEDLM_KERNELS_ATTENTION_SPLITS", "measured").strip().lower() \
-    or "measured"
-if ATTENTION_SPLITS not in ATTENTION_SPLIT_RULES:
-    raise ValueError(f"WEDLM_KERNELS_ATTENTION_SPLITS={ATTENTION_SPLITS!r} is not one of "
-                     f"{', '.join(ATTENTION_SPLIT_RULES)}")
+ATTENTION_SPLITS = _setting("WEDLM_KERNELS_ATTENTION_SPLITS", ATTENTION_SPLIT_RULES)
 
 DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

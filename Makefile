@@ -14,7 +14,7 @@ TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # cores), and Python writes the bytecode of what a process imports on first import instead.
 PIP_INSTALL_FLAGS ?= -q
 
-.PHONY: install test docs demo tour bench bench-host compile-facts lint mutation \
+.PHONY: install test docs demo tour bench bench-host compile-facts vocabulary-passes lint mutation \
 	test-latest test-oldest venv-latest venv-oldest \
 	check-constraints gpu-wheels install-vllm install-eval eval test-vllm test-vllm-engine mutation-vllm bench-vllm \
 	test-vllm-dist mutation-vllm-dist bench-vllm-dp
@@ -59,6 +59,11 @@ bench-host: $(STAMP)
 # bench/results/sm90_compile/select_tokens.{json,md}
 compile-facts: $(STAMP)
 	$(PY) -m bench.compile_facts
+
+# passes over the vocabulary of select_tokens' kernels, loads counted in Triton's interpreter
+# on the benchmark's inputs (about 10 minutes): bench/results/interpreter/select_tokens_passes.*
+vocabulary-passes: $(STAMP)
+	$(PY) -m bench.vocabulary_passes
 
 # liger-kernel, pure Python, for the GPU run's Python 3.12 (bench/gpu_check.sh installs the
 # wheels of .whl/ first; carry .whl with the run)

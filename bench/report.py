@@ -105,9 +105,12 @@ def key_value_table(node, skip: Sequence[str] = ()) -> list[str]:
 
 def measurement(data: dict) -> str:
     """"GPU measurement", "CPU measurement", "compile facts" (a kernel compiled for a GPU on
-    a machine without one: nothing timed) or "device not recorded"."""
+    a machine without one: nothing timed), loads counted in the interpreter, or "device not
+    recorded"."""
     if data.get("benchmark") == "compile_facts":
         return "compile facts, no measurement"
+    if data.get("benchmark") == "vocabulary_passes":
+        return "loads counted in Triton's interpreter, nothing timed"
     device = data.get("device")
     kind = device.get("type") if isinstance(device, dict) else None
     kind = kind or data.get("mode")

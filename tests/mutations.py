@@ -303,6 +303,14 @@ MUTATIONS: list[Mutation] = [
         keyword="filter_path and flat",
     ),
     Mutation(
+        "select-kernel-checked-mass-merged-twice", SELECT,
+        (("                above = tl.zeros([4], tl.float32)\n                for other in range(0, num_splits):",
+          "                above = tl.load(mass_above_ptr + row * num_splits * 4 + tl.arange(0, 4))\n"
+          "                for other in range(0, num_splits):"),),
+        SELECT_KERNEL_TESTS, "the last program adds the first split's mass above the draws twice",
+        keyword="filter_path and flat",
+    ),
+    Mutation(
         "select-kernel-philox-words-out-of-order", SELECT,
         (("tl.interleave(tl.interleave(w0, w2), tl.interleave(w1, w3))",
           "tl.interleave(tl.interleave(w0, w1), tl.interleave(w2, w3))"),),

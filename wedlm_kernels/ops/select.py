@@ -431,7 +431,13 @@ def select_tokens_fake(
 #    F falls as y rises: a search over the order-preserving integer keys of fp32 values
 #    evaluates NUM_PIVOTS pivots per pass, shrinking the interval NUM_PIVOTS-fold (at most 8
 #    passes), or ends when one distinct value is left. Answers are data values, so ties are
-#    kept exactly like a sort would.
+#    kept exactly like a sort would. This is a radix select with 16-way digits: each pass
+#    is a 16-bin cumulative histogram (count, or softmax mass for top-p) of the domain,
+#    summed in registers, so the kept sets do not depend on an order of float atomics.
+#    Its passes run over the candidate granules, not the row (next paragraph): the row is
+#    read from memory once by the scan, and the candidates (at most MAX_CANDIDATES
+#    granules, 32 KB of bf16) again, from the cache, by each pass (bench/vocabulary_passes.py
+#    counts them: at most one pass over the row more than greedy on the benchmark's rows).
 #    The passes read candidate granules, not the row. The k largest granule maxima are k
 #    entries >= the k-th largest of them, tau: every top-k survivor is in a granule whose
 #    maximum is >= tau. For top-p alone, tau is the largest granule maximum whose granule

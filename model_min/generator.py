@@ -25,6 +25,7 @@ from typing import Any, Union
 import torch
 
 import wedlm_kernels as wk
+from wedlm_kernels import window_policy
 from wedlm_kernels.requests import bad_words
 from wedlm_kernels.requests import params as rp
 from wedlm_kernels.requests.grammar import GrammarStep, plan_window
@@ -117,6 +118,9 @@ class SamplingParams:
     # logprob_token_ids): 1 .. 128 ids of the vocabulary, in order, repeats kept; with
     # logprobs also set, logprobs must equal their count. [] is None.
     logprob_token_ids: Sequence[int] | None = None
+    # How the streaming window is sized step by step: None (the Generator's window_policy),
+    # "fixed" (W slots) or "adaptive" (wedlm_kernels.window_policy, docs/algorithm.md)
+    window_policy: str | None = None
 
     def __post_init__(self) -> None:
         def name(field: str) -> str:
@@ -146,6 +150,7 @@ class SamplingParams:
         self.logprob_token_ids = rp.logprob_token_ids(
             self.logprob_token_ids, name("logprob_token_ids"), logprobs=self.logprobs)
         self.logprobs = logprobs
+        self.window_policy = rp.window_policy(self.window_policy, name("window_policy"))
         if self.grammar is not None and not callable(self.grammar):
             raise rp.ParameterTypeError(
                 f"{name('grammar')} must be a function returning a grammar, got "
@@ -284,6 +289,13 @@ class Generator:
         nothing there, the readback a host round trip a step), and reads it back otherwise;
         ``"every_step"`` always reads it back; ``"never"`` never does (every step feeds
         ``B * 2W`` rows; on a CPU each padding row costs compute). The tokens are the same.
+    window_policy : str
+        How a streaming window is sized, for the requests that leave it to the Generator
+        (``SamplingParams.window_policy`` None): ``"fixed"`` (default) keeps ``W`` slots;
+        ``"adaptive"`` sizes each sequence's window before each step from what it commits
+        (1 to ``W`` slots, :mod:`wedlm_kernels.window_policy`; docs/algorithm.md, "The
+        adaptive window"). Block-wise and AR decoding, and requests with a grammar, keep
+        their windows.
 
     Notes
     -----
@@ -306,6 +318,7 @@ class Generator:
         logprobs_mode: str = "raw_logprobs",
         grammar_drafts: bool = True,
         row_readback: str = "auto",
+        window_policy: str = "fixed",
     ) -> None:
         self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
@@ -328,8 +341,12 @@ class Generator:
             raise TypeError(f"grammar_drafts must be a bool, got {type(grammar_drafts).__name__}")
         if row_readback not in ROW_READBACKS:
             raise ValueError(f"row_readback must be one of {ROW_READBACKS}, got {row_readback!r}")
+        if window_policy not in rp.WINDOW_POLICIES:
+            raise ValueError(f"window_policy must be one of {rp.WINDOW_POLICIES}, got "
+                             f"{window_policy!r}")
         self.grammar_drafts = grammar_drafts
         self.row_readback = row_readback
+        self.window_policy = window_policy
         self.logprobs_mode = check_mode(logprobs_mode)
         self.model = model
         self.window = window
@@ -411,6 +428,9 @@ class Generator:
         self._sampling = sampling_mode((r.params for r in requests),
                                        self.model.lm_head.shape[0])
         self._grammars = any(r.grammar is not None for r in requests)
+        self._adaptive = mode == "streaming" and any(self._adapts(r) for r in requests)
+        self._policy = wk.AdaptiveWindow.for_batch(
+            self.window, self.max_batch, window_policy.ROW_BUDGETS.get(self._device.type, 160))
         self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
@@ -761,6 +781,12 @@ class Generator:
 
     # ---------------------------------------------------------------- admission
 
+    def _adapts(self, request: _Request) -> bool:
+        """Whether the adaptive window sizes this request's window (streaming requests
+        without a grammar, by their window_policy or the Generator's)."""
+        policy = request.params.window_policy or self.window_policy
+        return policy == "adaptive" and request.params.grammar is None
+
     def _admit(self, requests: list[_Request]) -> BatchState:
         """Batch state of newly admitted requests, with their prompts prefilled."""
         device, w = self._device, self._widths
@@ -794,6 +820,8 @@ class Generator:
             seed=tensor([r.seed for r in requests], torch.int64),
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
+            adaptive=tensor([self._adapts(r) and not ar for r in requests], torch.bool),
+            **vars(wk.new_policy_state(count, self._policy, device)),
             **self._admit_rules(requests),
             **self._admit_logprobs(requests),
             **self._admit_bad_words(requests),
@@ -1008,11 +1036,20 @@ class Generator:
         out_len_before = s.out_len.clone()
         if grammar is not None:  # a window whose fed run a rejected slot cut keeps W slots
             s.win_len.copy_(grammar.cut_windows(s.win_len, window))
+        fed = torch.where(live, wk.window_masks(s.win_mask, s.win_len), 0) if self._adaptive \
+            else None
         wk.commit_window(
             s.win_tokens, s.win_mask, s.win_len, s.ctx_len, cu_rows, row_pos, token, selected,
             s.out_tokens, s.out_len, s.finished, s.stop_ids, s.max_new, window,
             self.mask_token_id, blockwise, None if grammar is None else grammar.commit_limit,
         )
+        if self._adaptive and not blockwise:  # the next step's window lengths
+            policy_state = wk.WindowPolicyState(s.commit_rate, s.one_slot_steps)
+            decided = (selected & (row_pos >= 0)).view(batch, window).sum(dim=1)
+            length = wk.next_window_lengths(fed, decided, policy_state, self._policy)
+            wk.resize_windows(s.win_tokens, s.win_mask, s.win_len, length, s.out_len,
+                              s.max_new, s.finished, self.mask_token_id or 0,
+                              max_output=s.out_tokens.shape[1], enabled=s.adaptive)
         self._count_outputs(s, out_len_before, s.win_tokens.shape[1])
 
     def _snapshot(self, s: BatchState, row_pos: torch.Tensor, logits: torch.Tensor) -> dict:

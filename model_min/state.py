@@ -34,6 +34,9 @@ _PADDING = {
     "seed": 0,
     "forwards": 0,
     "rows": 0,
+    "adaptive": False,
+    "commit_rate": 0.0,
+    "one_slot_steps": 0,
     "output_start": 0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -74,6 +77,9 @@ class BatchState:
     seed: torch.Tensor  # [B] int64
     forwards: torch.Tensor  # [B] int64: decode forwards the sequence took part in
     rows: torch.Tensor  # [B] int64: live window rows it fed
+    adaptive: torch.Tensor  # [B] bool: the adaptive window sizes its window
+    commit_rate: torch.Tensor  # [B] fp32: tokens committed per forward (estimate)
+    one_slot_steps: torch.Tensor  # [B] int32: one-slot steps in a row
     # The logit rules (wedlm_kernels.process_logits). Widths are 0 when no request of the
     # generate call uses a rule: Kb bias entries, V counted tokens, ceil(V / 32) mask words.
     output_start: torch.Tensor  # [B] int32: the prompt length (min_tokens' output index 0)

@@ -935,6 +935,28 @@ MUTATIONS: list[Mutation] = [
         LOGPROBS_TESTS, "raw_logprobs list the distribution after the logit rules (a banned "
         "token at -inf), not the model's", keyword="before_the_rules",
     ),
+    # ---------------------------------------------------------------- the adaptive window
+    Mutation(
+        "window-policy-resize-drops-the-leading-run", "wedlm_kernels/window_policy.py",
+        (("length = torch.minimum(run + masks.to(torch.int32).clamp(min=1), room)",
+          "length = torch.minimum(masks.to(torch.int32).clamp(min=1), room)"),),
+        ("tests/test_window_policy.py",), "a resized window counts its slots from slot 0, "
+        "cutting the leading run the next step commits", keyword="resize or whole_window",
+    ),
+    Mutation(
+        "window-policy-unfed-sequence-moves-its-rate", "wedlm_kernels/window_policy.py",
+        (("    rate = torch.where(fed_any, state.commit_rate + policy.smoothing",
+          "    rate = torch.where(fed >= 0, state.commit_rate + policy.smoothing"),),
+        ("tests/test_window_policy.py",), "a sequence fed nothing (finished, padding) has its "
+        "commit rate pulled towards 0", keyword="fed_nothing",
+    ),
+    Mutation(
+        "window-policy-never-probes", "wedlm_kernels/window_policy.py",
+        (("    probe = one_slot & (steps >= policy.probe_every)",
+          "    probe = one_slot & (steps < 0)"),),
+        ("tests/test_window_policy.py",), "a one-mask window never tries two masks again",
+        keyword="probes or grows_back",
+    ),
 ]
 
 # The vLLM plugin's entries: their tests need vLLM, so they run in .venv-vllm

@@ -20,10 +20,11 @@ def test_tour_decodes_both_sequences_to_their_limits(capsys):
 def test_docstring_examples_of_every_public_op_and_helper_run():
     import doctest
 
-    from wedlm_kernels import batch
+    from wedlm_kernels import batch, window_policy
     from wedlm_kernels.ops import attention, commit, logits, reorder, rope, select, silu_mul
 
-    for module in (attention, commit, logits, reorder, rope, select, silu_mul, batch):
+    for module in (attention, commit, logits, reorder, rope, select, silu_mul, batch,
+                   window_policy):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0, f"{module.__name__} has no example"
         assert result.failed == 0, f"{module.__name__}: {result.failed} failing example(s)"
@@ -51,8 +52,11 @@ def test_readme_runnable_snippets_print_what_their_comments_say(capsys):
 PUBLIC_OPS = ("commit_window", "paged_attention", "process_logits", "reorder_window",
               "rope_cache", "rope_kv_append", "select_tokens", "silu_mul",
               # the helpers around them (wedlm_kernels.batch)
-              "mask_rows", "new_window_state", "paged_slots", "prefill_slots")
-PUBLIC_CLASSES = ("YarnScaling", "WindowState")  # an op's argument, a helper's result
+              "mask_rows", "new_window_state", "paged_slots", "prefill_slots",
+              # the adaptive window (wedlm_kernels.window_policy)
+              "new_policy_state", "next_window_lengths", "resize_windows", "window_masks")
+# an op's argument, a helper's result, the adaptive window's settings and state
+PUBLIC_CLASSES = ("YarnScaling", "WindowState", "AdaptiveWindow", "WindowPolicyState")
 
 
 def test_public_classes_document_every_field_in_numpy_style():

@@ -32,6 +32,7 @@ def checked(field: str, value, **context):
     checks = {
         "window": lambda v: rp.window(v, "W", **context),
         "mode": lambda v: rp.mode(v, "M"),
+        "window_policy": lambda v: rp.window_policy(v, "O"),
         "entropy_threshold": lambda v: rp.entropy_threshold(v, "T"),
         "distance_penalty": lambda v: rp.distance_penalty(v, "P"),
         "temperature": lambda v: rp.sampling(v, 0, 1.0, ("X", "K", "Q"))[0],
@@ -85,7 +86,7 @@ def test_every_accepted_value_fits_its_buffer_and_every_refusal_names_the_field(
     result = checked(field, value)
     dtype = rp.FIELDS[field][0]
     if isinstance(result, ParameterError):
-        assert result.parameter in "WMTPXKQSNIAFRYZBLCGDH"
+        assert result.parameter in "WMOTPXKQSNIAFRYZBLCGDH"
         assert str(result).startswith(result.parameter)
     elif dtype is not None and result is not None:
         if field == "bad_words_token_ids":  # stored as the words' ids, -1 padded

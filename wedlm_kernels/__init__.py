@@ -16,7 +16,10 @@ Public ops (exact semantics in docs/contracts.md):
 Helpers for what an engine builds around the ops (:mod:`wedlm_kernels.batch`, plain
 PyTorch): :func:`new_window_state` (a batch's :class:`WindowState`), :func:`prefill_slots`
 (packed prefill rows' positions and cache slots), :func:`paged_slots` (cache slots through
-block tables) and :func:`mask_rows` (the rows of a packed step that ``select_tokens`` reads).
+block tables) and :func:`mask_rows` (the rows of a packed step that ``select_tokens`` reads);
+and the adaptive streaming window (:mod:`wedlm_kernels.window_policy`: :class:`AdaptiveWindow`,
+:func:`new_policy_state`, :func:`window_masks`, :func:`next_window_lengths`,
+:func:`resize_windows`).
 
 Each is a ``torch.library`` custom op in namespace ``wedlm`` (``torch.ops.wedlm.<op>``),
 registered in one place (``ops/_library.py``). The package's rooms:
@@ -50,26 +53,40 @@ from .ops.reorder import reorder_window
 from .ops.rope import YarnScaling, rope_cache, rope_kv_append
 from .ops.select import select_tokens
 from .ops.silu_mul import silu_mul
+from .window_policy import (
+    AdaptiveWindow,
+    WindowPolicyState,
+    new_policy_state,
+    next_window_lengths,
+    resize_windows,
+    window_masks,
+)
 
 __version__ = "0.10.0"
 
 __all__ = [
+    "AdaptiveWindow",
     "BACKEND",
     "YarnScaling",
     "DEBUG",
+    "WindowPolicyState",
     "WindowState",
     "commit_window",
     "mask_rows",
+    "new_policy_state",
     "new_window_state",
+    "next_window_lengths",
     "paged_slots",
     "prefill_slots",
     "paged_attention",
     "process_logits",
     "reorder_window",
+    "resize_windows",
     "rope_cache",
     "rope_kv_append",
     "select_tokens",
     "silu_mul",
+    "window_masks",
 ]
 
 

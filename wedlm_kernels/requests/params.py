@@ -67,6 +67,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 MODES = ("streaming", "blockwise")
+# How a streaming window is sized step by step (wedlm_kernels.window_policy): "fixed" keeps
+# W slots, "adaptive" follows what the sequence commits (docs/algorithm.md).
+WINDOW_POLICIES = ("fixed", "adaptive")
 # The largest window any front end takes: a window's state is 2W slots per request and a
 # step feeds up to 2W rows per request; WeDLM decodes with windows of 4 to 32.
 MAX_WINDOW = 4096
@@ -87,6 +90,7 @@ MAX_ADDITIVE_PENALTY = 2.0
 FIELDS = {
     "window": ("int32", "an integer from 1 to the engine's window (at most 4096)"),
     "mode": (None, 'one of "streaming" and "blockwise"'),
+    "window_policy": (None, 'None (the engine\'s setting), "fixed" or "adaptive"'),
     "entropy_threshold": ("float32", "a number, not NaN, or None; None, any value <= 0 and "
                           "any positive value float32 rounds to 0 (below about 7e-46) mean "
                           "one token per step (stored as -inf), a value above 3.4028235e38 "
@@ -182,6 +186,13 @@ def mode(value: Any, name: str) -> str:
     """``"streaming"`` or ``"blockwise"``."""
     if not isinstance(value, str) or value not in MODES:
         _fail(name, f"one of {MODES}", value)
+    return value
+
+
+def window_policy(value: Any, name: str) -> str | None:
+    """``None`` (the engine's setting), ``"fixed"`` or ``"adaptive"``."""
+    if value is not None and (not isinstance(value, str) or value not in WINDOW_POLICIES):
+        _fail(name, f"None or one of {WINDOW_POLICIES}", value)
     return value
 
 

@@ -215,6 +215,9 @@ def a_figure(data: dict) -> str:
     if data.get("benchmark") == "compile_facts":
         key = "greedy_registers_one_launch_bf16"
         return f"| summary.{key} | {bench_report.num(data['summary'][key])} |"
+    if data.get("benchmark") == "bench.window_policy":
+        key = "adaptive_over_ar_min"
+        return f"| summary.{key} | {bench_report.num(data['summary'][key])} |"
     if data.get("benchmark") == "vocabulary_passes":
         return f"| summary.greedy_passes | {bench_report.num(data['summary']['greedy_passes'])} |"
     if "copy_bandwidth" in data:

@@ -110,8 +110,8 @@ class AdaptiveWindow:
 
 
 # Rows a decode step can feed at about the cost of one, per device kind: "cpu" measured on
-# the shipped tiny model (bench/results/cpu/window_policy.json: a 30-row step takes 1.4x a
-# 2-row one, 64 rows 2.4x); "cuda" is model_min's MEMORY_BOUND_ROWS for an 8B model on an
+# the shipped tiny model (bench/results/cpu/window_policy.md: a 30-row step took 1.24x a
+# 2-row one, 52 rows 1.94x); "cuda" is model_min's MEMORY_BOUND_ROWS for an 8B model on an
 # H200 (the rows at which the matmuls start to outlast reading the weights), not yet swept.
 ROW_BUDGETS = {"cpu": 32, "cuda": 160}
 

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--mode", choices=MODES, default="streaming",
                      help="streaming parallel decoding, the block-wise baseline, or AR")
     gen.add_argument("--window", type=_count(1), default=16, help="decode window W (slots)")
+    gen.add_argument("--window-policy", choices=["fixed", "adaptive"], default="fixed",
+                     help="streaming: keep W slots, or size each window from what it commits "
+                          "(docs/algorithm.md, 'The adaptive window')")
     gen.add_argument("--threshold", type=_threshold, default=0.4,
                      help="entropy threshold in nats, or 'none' for one token per step")
     gen.add_argument("--penalty", type=float, default=0.02,
@@ -186,6 +189,7 @@ def generate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         tokenizer=tokenizer, mask_token_id=args.mask_token_id,
         max_cache_tokens=sum(len(p) + args.max_new_tokens + args.window for p in prompts),
         poll_every=args.poll_every, cuda_graph=args.cuda_graph,
+        window_policy=args.window_policy,
     )
     several = len(prompts) > 1
     committed: list[list[int]] = [[] for _ in prompts]

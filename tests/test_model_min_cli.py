@@ -66,6 +66,19 @@ def test_generate_with_prompt_ids_prints_tokens_and_summary(checkpoint):
     assert float(summary.group(4)) == pytest.approx(expected.p_cache, abs=1e-3)
 
 
+def test_generate_with_the_adaptive_window_decodes_as_the_generator_does(checkpoint):
+    args = ["--window", "8", "--window-policy", "adaptive", "--temperature", "1",
+            "--max-new-tokens", "16", "--seed", "9"]
+    completed = run_cli("generate", "--model", str(checkpoint), "--prompt-ids", "3,1,4",
+                        "--prompt-ids", "2,7", "--device", "cpu", "--no-progress", *args)
+    assert completed.returncode == 0, completed.stderr
+    expected = Generator(load_model(checkpoint), window=8, max_batch=2,
+                         window_policy="adaptive").generate(
+        [[3, 1, 4], [2, 7]], SamplingParams(max_new_tokens=16, temperature=1.0, seed=9))
+    for result in expected:
+        assert " ".join(map(str, result.token_ids)) in completed.stdout
+
+
 def test_generate_with_text_prompt_chat_template_and_tokenizer(checkpoint, tmp_path, capsys):
     directory = tmp_path / "with_tokenizer"
     directory.mkdir()
@@ -140,10 +153,12 @@ def _run(capsys, *argv):
 def test_generate_help_explains_every_option_with_its_default(capsys):
     status, out, _ = _run(capsys, "generate", "--help")
     assert status == 0
-    for option, default in [("--window", "16"), ("--threshold", "0.4"), ("--penalty", "0.02"),
+    for option, default in [("--window", "16"), ("--window-policy", "fixed"),
+                            ("--threshold", "0.4"), ("--penalty", "0.02"),
                             ("--max-new-tokens", "128"), ("--poll-every", "1")]:
         assert option in out
-        assert f"(default: {default})" in out.split(option, 2)[-1].split("\n  --")[0], option
+        help_entry = out.split(f"\n  {option} ", 1)[1].split("\n  --")[0]  # its help lines
+        assert f"(default: {default})" in help_entry, option
     assert "tiny_wedlm" in out  # the default --model
 
 

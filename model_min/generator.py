@@ -649,9 +649,11 @@ class Generator:
         size = bucket_size(len(owners), self.max_batch)
         padded = state.padded(size, self.mask_token_id or 0)
         owners = owners + [None] * (size - len(owners))
-        # a graph replays the Python branches it was captured with: the sampling mode and
-        # the rules (min_p and min_tokens change no state shape) are part of its key
-        variant = (self._sampling, tuple(sorted(self._rules.items())))
+        # a graph replays the Python branches it was captured with: the sampling mode, the
+        # rules (min_p and min_tokens change no state shape) and the window policy are part
+        # of its key
+        variant = (self._sampling, tuple(sorted(self._rules.items())), self._adaptive,
+                   self._policy)
         return self.graphs.run(padded, self.poll_every, self._mode, self._rows_for_step,
                                variant), owners
 

@@ -757,9 +757,10 @@ def test_every_select_call_gets_the_calls_sampling_mode_and_the_same_tokens(
 
 
 def test_a_graph_replays_only_under_the_sampling_mode_and_rules_it_was_captured_with(tiny):
-    """The step's sampling mode and logit rules are Python branches a captured graph keeps:
-    the graphs' key holds them, so a call in another mode (or with min_p, which changes no
-    state shape) captures its own graphs instead of replaying the last call's."""
+    """The step's sampling mode, logit rules and window policy are Python branches a captured
+    graph keeps: the graphs' key holds them, so a call in another mode (or with min_p, which
+    changes no state shape, or the adaptive window) captures its own graphs instead of
+    replaying the last call's."""
     from model_min.graphs import StepGraphs
 
     _, model = tiny
@@ -768,10 +769,10 @@ def test_a_graph_replays_only_under_the_sampling_mode_and_rules_it_was_captured_
     class CheckedReplay(_EagerReplay):
         def __init__(self, *args):
             super().__init__(*args)
-            self.captured = (generator._sampling, dict(generator._rules))
+            self.captured = (generator._sampling, dict(generator._rules), generator._adaptive)
 
         def replay(self):
-            assert (generator._sampling, generator._rules) == self.captured
+            assert (generator._sampling, generator._rules, generator._adaptive) == self.captured
             super().replay()
 
     class EagerGraphs(StepGraphs):
@@ -782,13 +783,15 @@ def test_a_graph_replays_only_under_the_sampling_mode_and_rules_it_was_captured_
     base = SamplingParams(max_new_tokens=6, threshold=2.8, seed=5)
     calls = [base, dataclasses.replace(base, temperature=0.8),
              dataclasses.replace(base, temperature=0.8, min_p=0.2),
-             dataclasses.replace(base, temperature=0.8, top_p=0.9), base]
+             dataclasses.replace(base, temperature=0.8, top_p=0.9), base,
+             dataclasses.replace(base, window_policy="adaptive")]
     for params in calls:
         results = generator.generate(PROMPTS[:2], params)
         assert all(len(r.token_ids) == 6 for r in results)
     variants = {variant for _, _, variant in generator.graphs.batches}
-    assert {sampling for sampling, _ in variants} == {"greedy", "temperature", "any"}
-    assert len(variants) == 4
+    assert {variant[0] for variant in variants} == {"greedy", "temperature", "any"}
+    assert {variant[2] for variant in variants} == {False, True}  # the window policy
+    assert len(variants) == 5
 
 
 @pytest.mark.parametrize("mode", ["streaming", "blockwise"])

@@ -54,7 +54,7 @@ MODES = (*rp.MODES, "ar")  # the window modes of wedlm_kernels.requests.params, 
 # measured 707 TFLOP/s of bf16 matmul and 4.2 TB/s of copy, ~170 rows. Free text commits
 # about one token per forward, so a window step feeds about W + 1 rows per sequence; the
 # policy keeps B * (W + 1) under this many rows, with the largest window that does.
-MEMORY_BOUND_ROWS = 160
+MEMORY_BOUND_ROWS = window_policy.ROW_BUDGETS["cuda"]  # 160
 ROW_READBACKS = ("auto", "every_step", "never")  # Generator(row_readback=...)
 AUTO_WINDOWS = (16, 8, 4)  # largest first; the smallest is used above the bound too
 
@@ -430,7 +430,8 @@ class Generator:
         self._grammars = any(r.grammar is not None for r in requests)
         self._adaptive = mode == "streaming" and any(self._adapts(r) for r in requests)
         self._policy = wk.AdaptiveWindow.for_batch(
-            self.window, self.max_batch, window_policy.ROW_BUDGETS.get(self._device.type, 160))
+            self.window, self.max_batch,
+            window_policy.ROW_BUDGETS.get(self._device.type, MEMORY_BOUND_ROWS))
         self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):
@@ -822,7 +823,7 @@ class Generator:
             seed=tensor([r.seed for r in requests], torch.int64),
             forwards=torch.zeros(count, dtype=torch.int64, device=device),
             rows=torch.zeros(count, dtype=torch.int64, device=device),
-            adaptive=tensor([self._adapts(r) and not ar for r in requests], torch.bool),
+            adaptive=tensor([self._adaptive and self._adapts(r) for r in requests], torch.bool),
             **vars(wk.new_policy_state(count, self._policy, device)),
             **self._admit_rules(requests),
             **self._admit_logprobs(requests),
@@ -1038,14 +1039,14 @@ class Generator:
         out_len_before = s.out_len.clone()
         if grammar is not None:  # a window whose fed run a rejected slot cut keeps W slots
             s.win_len.copy_(grammar.cut_windows(s.win_len, window))
-        fed = torch.where(live, wk.window_masks(s.win_mask, s.win_len), 0) if self._adaptive \
-            else None
+        adapt = self._adaptive and not blockwise
+        fed = torch.where(live, wk.window_masks(s.win_mask, s.win_len), 0) if adapt else None
         wk.commit_window(
             s.win_tokens, s.win_mask, s.win_len, s.ctx_len, cu_rows, row_pos, token, selected,
             s.out_tokens, s.out_len, s.finished, s.stop_ids, s.max_new, window,
             self.mask_token_id, blockwise, None if grammar is None else grammar.commit_limit,
         )
-        if self._adaptive and not blockwise:  # the next step's window lengths
+        if adapt:  # the next step's window lengths
             policy_state = wk.WindowPolicyState(s.commit_rate, s.one_slot_steps)
             decided = (selected & (row_pos >= 0)).view(batch, window).sum(dim=1)
             length = wk.next_window_lengths(fed, decided, policy_state, self._policy)

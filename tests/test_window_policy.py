@@ -20,6 +20,16 @@ def lengths(fed, decided, state, policy):
     return wk.next_window_lengths(torch.tensor(fed), torch.tensor(decided), state, policy)
 
 
+def window_trace(policy, state, fed, steps, decide):
+    """The windows one sequence gets over ``steps`` steps, starting fed ``fed`` masks and
+    deciding ``decide(fed)`` of them each step."""
+    seen = []
+    for _ in range(steps):
+        fed = int(lengths([fed], [decide(fed)], state, policy)[0])
+        seen.append(fed)
+    return seen
+
+
 def test_settings_are_checked_by_name():
     for bad, name in [(dict(max_window=0), "max_window"), (dict(min_window=0), "min_window"),
                       (dict(max_window=4, min_window=5), "min_window"),
@@ -43,10 +53,7 @@ def test_the_floor_comes_from_the_engines_batch_and_row_budget():
 def test_a_sequence_that_decides_one_mask_a_step_decays_to_one_mask_and_probes():
     policy = wk.AdaptiveWindow(max_window=16, probe_every=3)
     state = wk.new_policy_state(1, policy)
-    fed, seen = 16, []
-    for _ in range(14):
-        fed = int(lengths([fed], [1], state, policy)[0])
-        seen.append(fed)
+    seen = window_trace(policy, state, 16, 14, lambda fed: 1)
     # rate 2.5 -> 2.125, 1.84, 1.63, 1.47 (< parallel_rate 1.5): the whole window until then,
     # then one mask, with a two-mask probe after every third one-mask step
     assert seen == [16, 16, 16, 1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1]
@@ -56,21 +63,14 @@ def test_a_sequence_that_decides_every_mask_grows_back_to_the_whole_window():
     policy = wk.AdaptiveWindow(max_window=16, probe_every=2)
     state = wk.new_policy_state(1, policy)
     state.commit_rate.fill_(1.0)
-    fed, seen = 1, []
-    for _ in range(7):
-        fed = int(lengths([fed], [fed], state, policy)[0])
-        seen.append(fed)
+    seen = window_trace(policy, state, 1, 7, lambda fed: fed)
     assert seen == [1, 2, 4, 16, 16, 16, 16]  # a probe, a doubling, then rate >= 1.5
 
 
 def test_the_floor_holds_where_rows_cost_about_nothing():
     policy = wk.AdaptiveWindow(max_window=16, min_window=4)
     state = wk.new_policy_state(1, policy)
-    fed, seen = 16, []
-    for _ in range(6):
-        fed = int(lengths([fed], [1], state, policy)[0])
-        seen.append(fed)
-    assert seen == [16, 16, 16, 4, 4, 4]
+    assert window_trace(policy, state, 16, 6, lambda fed: 1) == [16, 16, 16, 4, 4, 4]
 
 
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=12),

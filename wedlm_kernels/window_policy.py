@@ -41,6 +41,10 @@ import torch
 from .ops._validate import check_int, check_same_device, check_tensor
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class AdaptiveWindow:
     """Settings of the adaptive window (module docstring for the rule).
@@ -80,12 +84,11 @@ class AdaptiveWindow:
             raise ValueError(f"`min_window` must be at most `max_window` ({self.max_window}), "
                              f"got {self.min_window}")
         check_int("probe_every", self.probe_every, minimum=1)
-        for name, low, high in (("smoothing", 0.0, 1.0), ("parallel_rate", 1.0, math.inf)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    low < value <= high if name == "smoothing" else low <= value < high):
-                bounds = "in (0, 1]" if name == "smoothing" else ">= 1 and finite"
-                raise ValueError(f"`{name}` must be a number {bounds}, got {value!r}")
+        if not _is_number(self.smoothing) or not 0.0 < self.smoothing <= 1.0:
+            raise ValueError(f"`smoothing` must be a number in (0, 1], got {self.smoothing!r}")
+        if not _is_number(self.parallel_rate) or not 1.0 <= self.parallel_rate < math.inf:
+            raise ValueError("`parallel_rate` must be a number >= 1 and finite, got "
+                             f"{self.parallel_rate!r}")
 
     @classmethod
     def for_batch(cls, max_window: int, max_batch: int, row_budget: int,
@@ -131,10 +134,6 @@ class WindowPolicyState:
 
     commit_rate: torch.Tensor
     one_slot_steps: torch.Tensor
-
-    def select(self, index: torch.Tensor) -> "WindowPolicyState":
-        """The state of the sequences ``index`` (compaction and reordering of a batch)."""
-        return WindowPolicyState(self.commit_rate[index], self.one_slot_steps[index])
 
 
 def new_policy_state(batch: int, policy: AdaptiveWindow,

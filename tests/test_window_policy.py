@@ -98,6 +98,15 @@ def test_a_sequence_fed_nothing_keeps_its_state():
     assert out.tolist() == [3, 6] and state.commit_rate.tolist() == [3.0, 5.5]
 
 
+def test_window_masks_counts_live_masks_and_checks_its_arguments_by_name():
+    mask = torch.tensor([[True, False, True, True], [True, True, True, True]])
+    assert wk.window_masks(mask, torch.tensor([3, 0], dtype=torch.int32)).tolist() == [2, 0]
+    with pytest.raises(TypeError, match="win_mask"):
+        wk.window_masks(mask.int(), torch.tensor([3, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="win_len"):
+        wk.window_masks(mask, torch.tensor([3], dtype=torch.int32))
+
+
 def test_policy_inputs_are_checked_by_name():
     policy = wk.AdaptiveWindow()
     state = wk.new_policy_state(2, policy)

@@ -247,6 +247,9 @@ def window_masks(win_mask: torch.Tensor, win_len: torch.Tensor) -> torch.Tensor:
     >>> window_masks(torch.tensor([[False, True, True, True]]), torch.tensor([3]))
     tensor([2], dtype=torch.int32)
     """
+    check_tensor("win_mask", win_mask, (torch.bool,), (None, None))
+    check_tensor("win_len", win_len, (torch.int32, torch.int64), (win_mask.shape[0],))
+    check_same_device(win_mask=win_mask, win_len=win_len)
     live = torch.arange(win_mask.shape[1], device=win_mask.device)[None, :] < win_len[:, None]
     return (win_mask & live).sum(dim=1, dtype=torch.int32)
 

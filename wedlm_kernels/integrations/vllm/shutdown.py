@@ -8,12 +8,16 @@ its engine is gone: a stream waits for outputs that never come, until its client
 and the server's process waits for it (measured here: 16 of 16 streams open at SIGTERM
 ended by their client's 60 s timeout, the process exited 60 s after the signal).
 
-For a WeDLM engine the plugin ends every request still open once its engine client has
-stopped (after the drain, when one is set): each waiting ``generate`` raises
-:class:`ServerShuttingDown`, which vLLM's server answers with HTTP 503 ("Service
+For a WeDLM engine the plugin ends every request still open: each waiting ``generate``
+raises :class:`ServerShuttingDown`, which vLLM's server answers with HTTP 503 ("Service
 Unavailable": retry elsewhere), as an error event followed by ``[DONE]`` on a stream, and
-the server exits once those answers are sent. Other models served in the process keep
-vLLM's behaviour.
+the server exits once those answers are sent. With a drain (``--shutdown-timeout N > 0``)
+the requests are ended once the engine client has stopped: those the drain finished keep
+their text. Without one they are ended before vLLM's shutdown starts: its engine core then
+aborts every request and sends those aborts back, and an abort that reached the output
+handler first would finish its stream as if complete (``finish_reason "abort"``, no error,
+a cut text), depending on timing. An error handed to a request's queue first is not
+replaced by a later output. Other models served in the process keep vLLM's behaviour.
 """
 
 from http import HTTPStatus
@@ -48,9 +52,17 @@ def end_open_requests(engine_client: Any) -> int:
     return count
 
 
+def drains(engine_client: Any) -> bool:
+    """Whether ``engine_client``'s shutdown first lets the running requests finish
+    (``--shutdown-timeout`` above 0; vLLM's engine core reads the same setting)."""
+    config = getattr(engine_client, "vllm_config", None)
+    return bool(getattr(config, "shutdown_timeout", 0))
+
+
 def install() -> None:
-    """Wrap ``AsyncLLM.shutdown`` (idempotent): after vLLM's own shutdown of a WeDLM
-    engine client, :func:`end_open_requests`."""
+    """Wrap ``AsyncLLM.shutdown`` (idempotent): a WeDLM engine client's open requests get
+    :func:`end_open_requests` before vLLM's own shutdown when it aborts them at once, and
+    after it (what the drain left) in any case."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from ._register import is_wedlm
@@ -60,9 +72,12 @@ def install() -> None:
         return
 
     def shutdown(self, *args, **kwargs):
-        method(self, *args, **kwargs)
         model_config = getattr(self, "model_config", None)
-        if model_config is not None and is_wedlm(model_config):
+        wedlm = model_config is not None and is_wedlm(model_config)
+        if wedlm and not drains(self):  # before the engine core's aborts can come back
+            end_open_requests(self)
+        method(self, *args, **kwargs)
+        if wedlm:
             end_open_requests(self)
 
     shutdown._wedlm_original = method

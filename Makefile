@@ -59,6 +59,7 @@ bench-host: $(STAMP)
 # bench/results/sm90_compile/select_tokens.{json,md}
 compile-facts: $(STAMP)
 	$(PY) -m bench.compile_facts
+	$(PY) -m bench.attention_facts
 
 # passes over the vocabulary of select_tokens' kernels, loads counted in Triton's interpreter
 # on the benchmark's inputs (about 10 minutes): bench/results/interpreter/select_tokens_passes.*

@@ -15,7 +15,10 @@ Each case times ``paged_attention_triton`` (the schedule it picks is recorded: s
 for decode windows, query tiles otherwise), the same launcher under the FA2 split rule
 (``triton_fa2``, ``WEDLM_KERNELS_ATTENTION_SPLITS=fa2``; its schedule in ``schedule_fa2``;
 the summary's ``fa2_over_measured_decode_min``/``_max``: the measured rule's time over the
-FA2 rule's, > 1 where FA2's is faster) and ``torch.nn.functional.scaled_dot_product_attention``
+FA2 rule's, > 1 where FA2's is faster), the launcher merging split partials in its one launch
+(``triton_merged``, ``WEDLM_KERNELS_ATTENTION_MERGE=last_program``; the summary's
+``merged_over_combine_decode_min``/``_max``: the two-launch time over the one-launch time)
+and ``torch.nn.functional.scaled_dot_product_attention``
 on a dense ``[B, Hkv, context + q_len, D]`` copy of the same keys and values (GQA through
 ``enable_gqa`` when SDPA supports it with the bottom-right causal mask, else with the KV heads
 repeated; the report names the variant), in the modes of ``bench/common.py`` (``eager``: one
@@ -47,21 +50,24 @@ import torch.nn.functional as F
 from bench import common
 from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
-# triton: the kernel under the measured split rule; triton_fa2: the same kernel under the
-# FA2 split rule (WEDLM_KERNELS_ATTENTION_SPLITS=fa2), timed side by side on a GPU
-IMPL_ORDER = ("triton", "triton_fa2", "torch", "sdpa")
+# triton: the kernel as configured by default; triton_fa2: under the FA2 split rule
+# (WEDLM_KERNELS_ATTENTION_SPLITS=fa2); triton_merged: merging split partials in its own
+# launch (WEDLM_KERNELS_ATTENTION_MERGE=last_program); timed side by side on a GPU
+IMPL_ORDER = ("triton", "triton_fa2", "triton_merged", "torch", "sdpa")
 
 
-def with_split_rule(launcher: Callable, rule: str) -> Callable:
-    """``launcher`` run under the split rule ``rule`` (the setting the launcher reads)."""
+def with_setting(launcher: Callable, setting: str, value: str) -> Callable:
+    """``launcher`` run with ``wedlm_kernels._backend.<setting>`` set to ``value`` (the
+    setting the launcher reads)."""
     from wedlm_kernels import _backend
 
     def launch(*args):
-        saved, _backend.ATTENTION_SPLITS = _backend.ATTENTION_SPLITS, rule
+        saved = getattr(_backend, setting)
+        setattr(_backend, setting, value)
         try:
             return launcher(*args)
         finally:
-            _backend.ATTENTION_SPLITS = saved
+            setattr(_backend, setting, saved)
 
     return launch
 
@@ -268,7 +274,7 @@ def run_case(kind: str, sizes: Sizes, launchers: dict, batch: int, rows: int, co
     if skipped:
         case["sdpa_variants_not_run"] = skipped
     calls = {"sdpa": sdpa_call}
-    for impl in ("triton", "triton_fa2", "torch"):
+    for impl in ("triton", "triton_fa2", "triton_merged", "torch"):
         launcher = launchers.get(impl)
         if launcher is None:
             continue
@@ -477,6 +483,13 @@ def summarise(report: dict) -> dict:
         "fa2_over_measured_decode_max": common.extreme(
             [common.ratio(common.median_us(c, "triton", "graph"),
                           common.median_us(c, "triton_fa2", "graph")) for c in decode], max),
+        # the one-launch merge against the combine launch (> 1: one launch is faster)
+        "merged_over_combine_decode_min": common.extreme(
+            [common.ratio(common.median_us(c, "triton", "graph"),
+                          common.median_us(c, "triton_merged", "graph")) for c in decode], min),
+        "merged_over_combine_decode_max": common.extreme(
+            [common.ratio(common.median_us(c, "triton", "graph"),
+                          common.median_us(c, "triton_merged", "graph")) for c in decode], max),
     }
 
 
@@ -507,12 +520,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     bench = common.start_op_run("paged_attention", args, argv, sizes.copy_bytes)
     from wedlm_kernels.ops.attention import paged_attention_torch, paged_attention_triton
 
-    launchers = {"triton": paged_attention_triton,
-                 "triton_fa2": with_split_rule(paged_attention_triton, "fa2")}
+    launchers = {
+        "triton": paged_attention_triton,
+        "triton_fa2": with_setting(paged_attention_triton, "ATTENTION_SPLITS", "fa2"),
+        "triton_merged": with_setting(paged_attention_triton, "ATTENTION_MERGE", "last_program"),
+    }
     if args.cpu_smoke:  # the PyTorch implementation stands in for (or beside) the kernel
         launchers = {"torch": paged_attention_torch}
         if bench.with_triton:
             launchers["triton"] = paged_attention_triton
+            launchers["triton_merged"] = with_setting(paged_attention_triton,
+                                                      "ATTENTION_MERGE", "last_program")
     matmul = matmul_ceiling(sizes, bench.timer)
     print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s; matmul: "
           f"{fmt(matmul['tflops'], 1)} TFLOP/s", flush=True)

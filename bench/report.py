@@ -709,6 +709,11 @@ def eval_served_body(data: dict) -> list[str]:
 
 
 def body_lines(data: dict, plot_link: str | None) -> list[str]:
+    if data.get("benchmark") == "compile_facts" and isinstance(data.get("cases"), list):
+        # schedules per shape and configuration: too many for one table here
+        return ["### Summary", "", *key_value_table({"summary": data.get("summary", {})}), "",
+                f"Every schedule and compiled variant: `{data.get('op')}.md` beside the JSON.",
+                ""]
     if is_sweep(data):
         return sweep_body(data, plot_link)
     if is_eval_served(data):

@@ -463,6 +463,30 @@ MUTATIONS: list[Mutation] = [
         ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",
     ),
     Mutation(
+        "attention-kernel-merge-tickets-not-zeroed", ATTENTION,
+        (("arrivals = (arrivals.view(torch.int32).zero_() if merge_in_kernel",
+          "arrivals = (arrivals.view(torch.int32) if merge_in_kernel"),),
+        ATTENTION_KERNEL_TESTS, "the one-launch merge counts arrivals from whatever the "
+        "allocation held: no program draws the last ticket, or several do",
+        keyword="neither_written_nor_read and last_program",
+    ),
+    Mutation(
+        "attention-kernel-merge-tickets-shared-by-kv-heads", ATTENTION,
+        (("ticket = kv_head.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)",
+          "ticket = tl.program_id(0) + 0 * kv_head"),),
+        ATTENTION_KERNEL_TESTS, "the tiles of every KV head share a ticket: one head's "
+        "tile is merged before the others' partials exist, another never",
+        keyword="last_program_merge_is_one_launch",
+    ),
+    Mutation(
+        "attention-kernel-merge-a-split-twice", ATTENTION,
+        (("    for split in range(num_splits):\n        offsets = base + split * pairs\n",
+          "    for split in range(-1, num_splits):\n"
+          "        offsets = base + tl.maximum(split, 0) * pairs\n"),),
+        ATTENTION_KERNEL_TESTS, "the merge adds the first split's partial twice",
+        keyword="split_count_changes_results_only_by_rounding",
+    ),
+    Mutation(
         "attention-kernel-splits-sized-by-capacity", ATTENTION,
         (("sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)  # keys of the last row",
           "sequence_keys = capacity  # keys of the last row"),),

@@ -212,6 +212,9 @@ def a_figure(data: dict) -> str:
         return f"| step_ms | {bench_report.num(data['cases'][0]['step_ms'])} |"
     if data.get("benchmark") == "host_time":
         return bench_report.fmt(data["benchmarks"][0]["stats"]["median"] * 1e6, 1)
+    if data.get("benchmark") == "compile_facts" and data.get("op") == "paged_attention":
+        key = "partial_over_kv_max_fa2_last_program"
+        return f"| summary.{key} | {bench_report.num(data['summary'][key])} |"
     if data.get("benchmark") == "compile_facts":
         key = "greedy_registers_one_launch_bf16"
         return f"| summary.{key} | {bench_report.num(data['summary'][key])} |"

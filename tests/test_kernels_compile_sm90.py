@@ -55,8 +55,10 @@ print(json.dumps(results))
 #   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
 #   at head size 32 and 64 spill 8 bytes; select_tokens' one-launch greedy kernel on fp32
 #   and fp16 logits whose vocabulary size or row stride is not a multiple of 16 (narrower
-#   loads; such vocabularies are rare, and not measured) spills 16 and 8. Triton 3.6
-#   compiles all of them without a spill (make test-oldest runs this test on it).
+#   loads; such vocabularies are rare, and not measured) spills 16 and 8; five of
+#   paged_attention's small tiles that merge split partials in the launch spill 4 to 16.
+#   Triton 3.6 compiles all of them without a spill (make test-oldest runs this test on
+#   it).
 _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": size
                   for slots, size in ((32, 4), (256, 8)) for limited in (False, True)}
 # - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
@@ -70,13 +72,21 @@ _LOGIT_RULE_SPILLS = {f"process_logits:rules_bias_min_tokens_{dtype}": 8
 #   16384, where 64 x 32 tiles with 8 warps that spill nothing took 3.36 ms, and 128 x 64
 #   prefill tiles were 1.3x faster than 128 x 32 (ops/attention.py, the launcher's comment).
 #   The bytes are ptxas's for each release.
+#   The variants that merge split partials in the launch (``_merged``) spill at the same
+#   tiles, about as much.
 _ATTENTION_SPILLS = {
     "3.6": {"d64_m64_n64_w4": 44, "d64_m64_n64_w4_page_tile": 28, "d128_m64_n64_w4": 208,
             "d128_m64_n64_w4_page_tile": 252, "d128_m128_n64_w8": 80,
-            "d128_m128_n64_w8_page_tile": 64},
+            "d128_m128_n64_w8_page_tile": 64,
+            "d64_m64_n64_w4_merged": 40, "d64_m64_n64_w4_page_tile_merged": 20,
+            "d128_m64_n64_w4_merged": 176, "d128_m64_n64_w4_page_tile_merged": 212,
+            "d128_m128_n64_w8_merged": 56, "d128_m128_n64_w8_page_tile_merged": 72},
     "3.7": {"d64_m64_n64_w4": 44, "d64_m64_n64_w4_page_tile": 44, "d128_m64_n64_w4": 356,
             "d128_m64_n64_w4_page_tile": 232, "d128_m128_n64_w8": 92,
-            "d128_m128_n64_w8_page_tile": 96},
+            "d128_m128_n64_w8_page_tile": 96,
+            "d64_m64_n64_w4_merged": 12, "d64_m64_n64_w4_page_tile_merged": 52,
+            "d128_m64_n64_w4_merged": 132, "d128_m64_n64_w4_page_tile_merged": 180,
+            "d128_m128_n64_w8_merged": 96, "d128_m128_n64_w8_page_tile_merged": 76},
 }
 
 
@@ -93,7 +103,13 @@ KNOWN_SPILL_BYTES = {
             "select_tokens:scan_bf16_aligned16": 12, "select_tokens:one_launch_greedy_fp16": 8,
             "select_tokens:one_launch_greedy_fp32": 16,
             "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,
-            "paged_attention:attention_fp16_d64_m16_n32_w4": 8},
+            "paged_attention:attention_fp16_d64_m16_n32_w4": 8,
+            # the same few bytes of scalar state in small tiles merging in the launch
+            "paged_attention:attention_fp32_d64_m16_n16_w4_merged": 16,
+            "paged_attention:attention_fp16_d32_m16_n32_w4_merged": 4,
+            "paged_attention:attention_fp16_d64_m16_n32_w4_page_tile_merged": 12,
+            "paged_attention:attention_bf16_d16_m16_n32_w4_merged": 12,
+            "paged_attention:attention_bf16_d32_m16_n32_w4_page_tile_merged": 8},
 }
 
 

@@ -5,6 +5,7 @@ schedules (query tiles, split-KV + combine); outputs between guard bands. GPU-on
 ``cuda``."""
 
 import inspect
+import itertools
 import math
 
 import pytest
@@ -39,6 +40,12 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
 
 OUT_SENTINEL = 777.0  # the output's initial value: an element the kernel skips stays at it
+MERGES = ("combine", "last_program")  # how split partials are merged (paged_attention_into)
+
+
+def schedules(splits: int) -> list[tuple[int, str | None]]:
+    """``(num_splits, merge)``: one split, and ``splits`` merged either way."""
+    return [(1, None), *((splits, merge) for merge in MERGES)]
 
 
 def _lengths(values):
@@ -113,6 +120,7 @@ def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
     ),
     extra_pages=st.integers(0, 2),
     num_splits=st.sampled_from([None, 1, 2, 3]),
+    merge=st.sampled_from(MERGES),
     block_n=st.sampled_from([None, 16]),
     strided_q=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
@@ -120,17 +128,17 @@ def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
 # the smallest case; a page-boundary context with the largest GQA group, split-KV and small
 # key tiles; a window whose q_len is past S next to one whose q_len is negative
 @example(dtype=torch.float32, head_dim=16, heads=(1, 1), page_size=4, rows=1,
-         sequences=[("zero", "one", 0)], extra_pages=0, num_splits=None, block_n=None,
-         strided_q=False, seed=0)
+         sequences=[("zero", "one", 0)], extra_pages=0, num_splits=None, merge="combine",
+         block_n=None, strided_q=False, seed=0)
 @example(dtype=torch.float16, head_dim=80, heads=(1, 8), page_size=16, rows=7,
-         sequences=[("boundary", "all", 2)], extra_pages=2, num_splits=3, block_n=16,
-         strided_q=True, seed=1)
+         sequences=[("boundary", "all", 2)], extra_pages=2, num_splits=3,
+         merge="last_program", block_n=16, strided_q=True, seed=1)
 @example(dtype=torch.float32, head_dim=64, heads=(2, 4), page_size=4, rows=5,
          sequences=[("boundary-1", "over", 1), ("any", "negative", 7)], extra_pages=1,
-         num_splits=2, block_n=None, strided_q=False, seed=2)
+         num_splits=2, merge="combine", block_n=None, strided_q=False, seed=2)
 def test_kernel_matches_reference_and_pytorch(
-    dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, block_n,
-    strided_q, seed,
+    dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, merge,
+    block_n, strided_q, seed,
 ):
     g = torch.Generator().manual_seed(seed)
     kv_heads, group = heads
@@ -153,7 +161,7 @@ def test_kernel_matches_reference_and_pytorch(
     args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len),
             head_dim**-0.5)
 
-    out = _run_kernel(args, num_splits=num_splits, block_n=block_n)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge, block_n=block_n)
 
     expected = reference(*_cpu(args))
     assert not expected.isnan().any()  # every needed page is covered here
@@ -161,8 +169,9 @@ def test_kernel_matches_reference_and_pytorch(
     assert_close(out, pytorch(*args), ATTENTION_KERNEL_TOLERANCE, dtype)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_split_count_changes_results_only_by_rounding(dtype):
+def test_split_count_changes_results_only_by_rounding(dtype, merge):
     # decode-shaped: 8 window rows over 300 positions in pages of 16, GQA 4
     g = torch.Generator().manual_seed(1)
     ctx, rows, kv_heads, group, head_dim, page_size = 292, 8, 1, 4, 64, 16
@@ -174,18 +183,20 @@ def test_split_count_changes_results_only_by_rounding(dtype):
     expected = reference(*_cpu(args))
     assert_close(one, expected, ATTENTION_KERNEL_TOLERANCE, dtype)
     for num_splits in (3, 40):  # 40 splits of 16 keys: the last 20 find no key
-        split = _run_kernel(args, num_splits=num_splits, block_n=16).float()
+        split = _run_kernel(args, num_splits=num_splits, block_n=16, merge=merge).float()
         # the partial outputs are fp32; only the final rounding to q's dtype may differ
         tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else ATTENTION_KERNEL_TOLERANCE[dtype]
         torch.testing.assert_close(split, one, **tolerance)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (4, 16), (64, 16)])
 @pytest.mark.parametrize("window", ["one tile", "rows ending in different splits"])
 def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_size, block_n,
-                                                             window):
-    """Partial buffers start as NaN: a split without keys of a row must be skipped by the
-    attention kernel (no write) and by the combine (no read), or NaN reaches the output.
+                                                             window, merge):
+    """Partial buffers start as NaN (the merge's tickets, carved from the same fp32
+    allocation, as garbage until zeroed): a split without keys of a row must be skipped by
+    the attention kernel (no write) and by the merge (no read), or NaN reaches the output.
     12 splits of 16-key tiles. "one tile": 45 keys, splits 3.. hold nothing. "rows ending in
     different splits": 20 rows after 5 positions, GQA 2, 16-pair query tiles, so tile 0's
     rows end their keys in split 0 while later tiles reach split 1, and row 11 ends exactly
@@ -208,11 +219,41 @@ def test_splits_past_a_rows_keys_are_neither_written_nor_read(monkeypatch, page_
         return tensor.fill_(float("nan")) if tensor.dtype == torch.float32 else tensor
 
     monkeypatch.setattr(attention_ops.torch, "empty", nan_filled)
-    out = _run_kernel(args, num_splits=12, block_n=block_n, block_m=block_m)
+    out = _run_kernel(args, num_splits=12, block_n=block_n, block_m=block_m, merge=merge)
     monkeypatch.undo()
     expected = reference(*_cpu(args))
     assert not expected.isnan().any()
     assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, torch.float32)
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("the combine kernel was launched")
+
+
+def test_the_last_program_merge_is_one_launch_and_equals_the_combine(monkeypatch):
+    """merge="last_program": no combine launch; the output equals the combine's (the same
+    merge, in the other launch), over two KV heads (a ticket per tile and KV head) and
+    query tiles of two sequences and the padding rows."""
+    g = torch.Generator().manual_seed(23)
+    ctx_len, q_len, rows, kv_heads, group, head_dim, page_size = [37, 5], [6, 3], 6, 2, 3, 16, 4
+    table, num_pages = _scattered_layout(ctx_len, q_len, rows, page_size, 1, g)
+    q = torch.randn(2, rows, kv_heads * group, head_dim, generator=g).to(DEVICE)
+    k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
+    args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len), 0.3)
+    combined = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="combine")
+    monkeypatch.setattr(attention_ops, "_combine_splits_kernel", _NoLaunch())
+    merged = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="last_program")
+    assert torch.equal(merged, combined)
+    assert_close(merged, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
+
+
+def test_an_unknown_merge_is_refused_naming_it():
+    q = torch.zeros(2, 1, 16)
+    cache = torch.zeros(1, 4, 1, 16)
+    with pytest.raises(ValueError, match="merge='both'"):
+        paged_attention_into(torch.empty_like(q), q, cache, cache, _table([[0]]).cpu(),
+                             _lengths([0, 2]).cpu(), _lengths([0]).cpu(), 0.25, merge="both")
 
 
 def test_a_page_table_reaching_past_int32_positions_is_rejected():
@@ -239,23 +280,25 @@ def test_prefill_query_tiles_match_the_reference():
     assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
-@pytest.mark.parametrize("num_splits,block_m", [(1, None), (3, 16), (1, 64), (2, 32)])
-def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m):
+@pytest.mark.parametrize("num_splits,block_m,merge", [
+    (1, None, None), (3, 16, "combine"), (3, 16, "last_program"), (1, 64, None),
+    (2, 32, "combine"), (2, 32, "last_program")])
+def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m, merge):
     """Sequences of 0, 70, 1 and 5 rows back to back, then 3 padding rows, through every
     schedule: each row equals the reference and the padding rows are written as zeros."""
     args = uneven_packed_case(torch.Generator().manual_seed(8), DEVICE)
     q = args[0]
     out = guarded(torch.full(q.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
     paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=block_m,
-                         block_n=16)
+                         block_n=16, merge=merge)
     out.check("out")
     assert (out.tensor[-3:] == 0).all() and out.tensor[:-3].isfinite().all()
     assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
 def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
-        monkeypatch, num_splits):
+        monkeypatch, num_splits, merge):
     """A program counts the sequences whose first tile precedes it _BLOCK_BATCH at a time
     (16 here): 41 sequences of 0-3 rows (empty ones included, at chunk edges too) span
     three count blocks; every row equals the reference, padding rows are zero."""
@@ -275,7 +318,8 @@ def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
             head_dim**-0.5)
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     out = guarded(torch.full(q.shape, OUT_SENTINEL, device=DEVICE))
-    paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=16, block_n=16)
+    paged_attention_into(out.tensor, *args, num_splits=num_splits, merge=merge, block_m=16,
+                         block_n=16)
     out.check("out")
     assert (out.tensor[-2:] == 0).all()
     assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
@@ -315,8 +359,8 @@ def _sdpa_on_gathered_cache(q, k_cache, v_cache, page_ids, ctx, rows):
 
 
 @pytest.mark.parametrize("page_size", [1, 3])
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_pages_smaller_than_a_key_tile_are_read_per_key(page_size, num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
+def test_pages_smaller_than_a_key_tile_are_read_per_key(page_size, num_splits, merge):
     # position t holds the value t in v, k = 0: row j averages positions 0 .. ctx + j
     ctx, rows, head_dim = 9, 3, 16
     num_positions = ctx + rows
@@ -330,35 +374,35 @@ def test_pages_smaller_than_a_key_tile_are_read_per_key(page_size, num_splits):
         k_cache[page_ids[pos // page_size], pos % page_size] = 0.0
     q = torch.randn(1, rows, 2, head_dim).to(DEVICE)
     out = _run_kernel((q, k_cache.to(DEVICE), v_cache.to(DEVICE), _table([page_ids]),
-                       _lengths([ctx]), _lengths([rows]), 1.0), num_splits=num_splits)
+                       _lengths([ctx]), _lengths([rows]), 1.0), num_splits=num_splits, merge=merge)
     for j in range(rows):
         torch.testing.assert_close(out[0, j].cpu(), torch.full((2, head_dim), (ctx + j) / 2))
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_gqa_query_head_h_reads_kv_head_h_div_group(num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(3))
+def test_gqa_query_head_h_reads_kv_head_h_div_group(num_splits, merge):
     g = torch.Generator().manual_seed(5)
     q_heads, kv_heads, head_dim, page_size = 8, 2, 16, 4
     q = torch.randn(1, 3, q_heads, head_dim, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(3, page_size, kv_heads, head_dim, torch.float32, g)
     rest = (_table([[1, 0, 2]]), _lengths([6]), _lengths([3]), 0.25)
-    before = _run_kernel((q, k_cache, v_cache, *rest), num_splits=num_splits)
+    before = _run_kernel((q, k_cache, v_cache, *rest), num_splits=num_splits, merge=merge)
     v_changed = v_cache.clone()
     v_changed[:, :, 1] = 0.0
-    after = _run_kernel((q, k_cache, v_changed, *rest), num_splits=num_splits)
+    after = _run_kernel((q, k_cache, v_changed, *rest), num_splits=num_splits, merge=merge)
     # heads 0..3 read KV head 0 (unchanged), heads 4..7 read KV head 1 (now zero)
     assert torch.equal(after[:, :, :4], before[:, :, :4])
     assert (after[:, :, 4:] == 0).all() and (before[:, :, 4:] != 0).all()
 
 
 @pytest.mark.parametrize("q_len, live_rows", [(0, 0), (-3, 0), (2, 2), (5, 5), (9, 5)])
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
+def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits, merge):
     g = torch.Generator().manual_seed(6)
     q = torch.randn(1, 5, 2, 16, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(3, 4, 1, 16, torch.float32, g)
     args = (q, k_cache, v_cache, _table([[2, 0, 1]]), _lengths([3]), _lengths([q_len]), 0.3)
-    out = _run_kernel(args, num_splits=num_splits)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge)
     assert (out[0, live_rows:] == 0).all()
     assert (out[0, :live_rows] != 0).all()
     assert_close(out, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
@@ -372,25 +416,25 @@ def test_rows_at_or_past_q_len_are_zero(q_len, live_rows, num_splits):
         [[1]],  # page index >= P
     ],
 )
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_needed_position_without_a_page_gives_a_nan_row(block_table, num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
+def test_needed_position_without_a_page_gives_a_nan_row(block_table, num_splits, merge):
     g = torch.Generator().manual_seed(7)
     q = torch.randn(1, 6, 2, 16, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(3, 4, 1, 16, torch.float32, g)
     # ctx 2: rows 0, 1 need positions <= 3 (page 0); rows 2..5 need page 1 as well
     args = (q, k_cache, v_cache, _table(block_table), _lengths([2]), _lengths([6]), 0.3)
-    out = _run_kernel(args, num_splits=num_splits, block_n=16)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge, block_n=16)
     assert out[0, :2].isfinite().all()
     assert out[0, 2:].isnan().all()
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])
-def test_negative_ctx_len_rows_without_any_visible_key_are_nan(num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
+def test_negative_ctx_len_rows_without_any_visible_key_are_nan(num_splits, merge):
     g = torch.Generator().manual_seed(8)
     q = torch.randn(1, 5, 1, 16, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(2, 4, 1, 16, torch.float32, g)
     args = (q, k_cache, v_cache, _table([[1, 0]]), _lengths([-2]), _lengths([5]), 0.3)
-    out = _run_kernel(args, num_splits=num_splits)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge)
     # row j sees positions 0 .. j - 2: rows 0 and 1 see nothing
     assert out[0, :2].isnan().all()
     assert out[0, 2:].isfinite().all()
@@ -406,9 +450,9 @@ def test_an_empty_page_table_makes_every_live_row_nan():
     assert out[0, :2].isnan().all() and (out[0, 2] == 0).all() and out[1].isnan().all()
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("num_splits, merge", schedules(2))
 def test_a_visible_non_finite_value_makes_its_column_nan_in_full_and_diagonal_tiles(
-        num_splits):
+        num_splits, merge):
     """ctx 40, 5 rows, key tiles of 16: keys 0..31 are in full tiles (every row sees them),
     32..44 in the diagonal tile. +inf at key 5 (column 3), -inf at key 20 (column 7), NaN at
     key 35 (column 9): every row sees them, so those columns are NaN in every row; +inf at
@@ -421,7 +465,7 @@ def test_a_visible_non_finite_value_makes_its_column_nan_in_full_and_diagonal_ti
                                (42, 11, math.inf)):
         v_cache[table[0][key // 16], key % 16, 0, column] = value
     args = (q, k_cache, v_cache, _table(table), _lengths([40]), _lengths([5]), 0.3)
-    out = _run_kernel(args, num_splits=num_splits, block_m=16, block_n=16)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge, block_m=16, block_n=16)
     expected_nan = torch.zeros(5, 2, 16, dtype=torch.bool)
     expected_nan[:, :, [3, 7, 9]] = True
     expected_nan[2:, :, 11] = True
@@ -432,8 +476,8 @@ def test_a_visible_non_finite_value_makes_its_column_nan_in_full_and_diagonal_ti
     assert_close(out, pytorch(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits):
+@pytest.mark.parametrize("num_splits, merge", schedules(3))
+def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits, merge):
     # Every cache entry a row does not see holds NaN/inf: the unused parts of the pages, the
     # window rows after the row (its diagonal key tile), other pages.
     g = torch.Generator().manual_seed(10)
@@ -451,7 +495,7 @@ def test_cache_contents_outside_the_visible_positions_are_never_read(num_splits)
     q = torch.randn(1, rows, 2, head_dim, generator=g)
     args = (q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), _table([page_ids]),
             _lengths([ctx]), _lengths([rows]), 0.3)
-    out = _run_kernel(args, num_splits=num_splits, block_n=16).cpu()
+    out = _run_kernel(args, num_splits=num_splits, merge=merge, block_n=16).cpu()
     # rows 0, 1 see neither bad entry; rows 2, 3 see v's element 3 of position ctx + 2;
     # rows 4, 5 also see a NaN key (every score, so the whole row, is NaN)
     assert out[0, :2].isfinite().all()
@@ -659,7 +703,8 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
     monkeypatch.setattr(attention_ops, "_paged_attention_kernel", attention)
     monkeypatch.setattr(attention_ops, "_combine_splits_kernel", combine)
     monkeypatch.setattr(attention_ops, "_upcast", lambda q: False)  # as on a GPU
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    for dtype, merge in itertools.product((torch.float32, torch.float16, torch.bfloat16),
+                                          MERGES):
         for rows, batch, group, num_splits in ((16, 1, 4, 1), (16, 1, 4, 3), (32, 1, 4, 2),
                                                (64, 1, 2, None), (65, 1, 1, None),
                                                (512, 1, 4, None), (7, 1, 1, 2),
@@ -671,7 +716,7 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
                                  torch.zeros(batch, 4, dtype=torch.int32),
                                  torch.zeros(batch + 1, dtype=torch.int32),
                                  torch.zeros(batch, dtype=torch.int32), 0.1,
-                                 num_splits=num_splits)
+                                 num_splits=num_splits, merge=merge)
     for variant in variants:
         assert list(variant.signature) == list(inspect.signature(variant.kernel.fn).parameters)
         # Triton compiles an int argument equal to 1 as a constant unless told not to: only
@@ -690,7 +735,7 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
         )
         for v in variants
     }
-    assert len(attention.launches) == 3 * 8 and len(combine.launches) >= 3 * 3
+    assert len(attention.launches) == 3 * 8 * 2 and len(combine.launches) >= 3 * 3
     for launch in attention.launches + combine.launches:
         assert launch in listed, launch
 

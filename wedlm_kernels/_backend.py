@@ -42,4 +42,11 @@ SELECT_KERNEL = _setting("WEDLM_KERNELS_SELECT_KERNEL", SELECT_KERNELS)
 ATTENTION_SPLIT_RULES = ("measured", "fa2")
 ATTENTION_SPLITS = _setting("WEDLM_KERNELS_ATTENTION_SPLITS", ATTENTION_SPLIT_RULES)
 
+# How paged_attention merges a split-KV launch's partial outputs (ops/attention.py):
+# ``combine`` (a second kernel, the one the H200 runs measured, the default) or
+# ``last_program`` (one launch: the last split program of each query tile to finish merges
+# them; not yet measured on a GPU).
+ATTENTION_MERGES = ("combine", "last_program")
+ATTENTION_MERGE = _setting("WEDLM_KERNELS_ATTENTION_MERGE", ATTENTION_MERGES)
+
 DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

@@ -11,6 +11,7 @@ Exact semantics: docs/contracts.md, "paged_attention".
 """
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -365,8 +366,14 @@ def paged_attention_fake(
 # so the keys are spread over the splits whatever the page table's capacity, and a split
 # that starts past a tile's last key exits without reading or writing anything. A program
 # stores its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the
-# combine kernel merges, per row, the splits that hold keys of that row:
+# merge combines, per row, the splits that hold keys of that row:
 #     out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M),   M = max_s lse_s.
+# The merge (_merge_splits) runs in a second launch, the combine kernel, or, with
+# MERGE_IN_KERNEL, in the attention launch itself: every split program of a query tile
+# (those without keys and the padding tiles' too) takes a ticket of its (tile, KV head), an
+# atomic count zeroed before the launch, after its partials are stored; the program that
+# draws the last ticket (num_splits - 1) has seen every other program's stores (the atomic
+# is acquire-release, after a barrier of the program's threads) and merges the tile.
 #
 # Contract details (docs/contracts.md, "paged_attention"):
 # - position t lives at page block_table[b, t // page_size], offset t % page_size. When
@@ -407,6 +414,63 @@ COMBINE_UNSPECIALISED = (
 
 
 @triton.jit
+def _merge_splits(
+    partial_out_ptr, partial_lse_ptr, out_ptr, kv_head, tile, first_row_of_sequence, live,
+    ctx, is_sequence, sequence, num_rows, kv_heads, group, head_dim, capacity, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Merge the split partials of one query tile of (row, head) pairs (``BLOCK_M`` pairs
+    from ``tile * BLOCK_M`` of its sequence, KV head ``kv_head``) into ``out``: padding rows
+    zero, rows without a visible key or past the page table NaN. ``ctx`` is clamped as the
+    attention kernel clamps it. Partials are read past the L1 cache (``.cg``): other
+    programs of the launch may have written them."""
+    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = pair // group
+    q_head = kv_head * group + pair % group
+    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
+    packed_row = (first_row_of_sequence + row).to(tl.int64)
+    last_key = ctx + row
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+
+    # the chunking of the attention kernel: row j's keys 0 .. ctx + j lie in its first
+    # cdiv(ctx + j + 1, keys_per_split) splits, which are the ones written for it
+    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
+    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
+    row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
+    row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)  # [BLOCK_M]
+    pairs = num_rows * group
+    base = kv_head.to(tl.int64) * num_splits * pairs + packed_row * group + pair % group
+    lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    for split in range(num_splits):
+        lse = tl.load(partial_lse_ptr + base + split * pairs, cache_modifier=".cg",
+                      mask=row_live & (split < row_splits), other=-float("inf"))
+        lse_max = tl.maximum(lse_max, lse)
+    lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    denominator = tl.zeros([BLOCK_M], tl.float32)
+    for split in range(num_splits):
+        offsets = base + split * pairs
+        read = row_live & (split < row_splits)
+        lse = tl.load(partial_lse_ptr + offsets, cache_modifier=".cg", mask=read,
+                      other=-float("inf"))
+        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys of the row
+        partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
+                          cache_modifier=".cg", mask=read[:, None] & d_mask[None, :],
+                          other=0.0)
+        acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
+        denominator += weight
+
+    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]
+    row_nan = (last_key < 0) | (last_key >= capacity)
+    out = tl.where(row_nan[:, None], float("nan"), out)
+    out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
+    out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
+             mask=row_live[:, None] & d_mask[None, :])
+
+
+@triton.jit
 def _program_sequence(
     query_start_ptr, query_start_stride, num_rows, num_sequences, group,
     BLOCK_M: tl.constexpr, BLOCK_BATCH: tl.constexpr,
@@ -439,6 +503,31 @@ def _program_sequence(
     return sequence, tile, first_row, q_len
 
 
+@triton.jit
+def _merge_program(
+    partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr, out_ptr,
+    query_start_stride, ctx_len_stride, num_rows, num_sequences, kv_heads, group, head_dim,
+    page_size, table_width, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_BATCH: tl.constexpr,
+):
+    """Merge the split partials of this program's query tile (axis 0, ``BLOCK_M`` pairs)
+    and KV head (axis 1): its sequence and context found as the attention kernel finds
+    them."""
+    sequence, tile, first_row_of_sequence, live = _program_sequence(
+        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
+        BLOCK_BATCH)
+    kv_head = tl.program_id(1)
+    is_sequence = (sequence >= 0) & (sequence < num_sequences)
+    batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
+    capacity = table_width * page_size
+    ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
+    ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
+    _merge_splits(partial_out_ptr, partial_lse_ptr, out_ptr, kv_head, tile,
+                  first_row_of_sequence, live, ctx, is_sequence, sequence, num_rows, kv_heads,
+                  group, head_dim, capacity, num_splits, BLOCK_M, BLOCK_N, BLOCK_D)
+
+
 @triton.jit(do_not_specialize=ATTENTION_UNSPECIALISED)
 def _paged_attention_kernel(
     q_ptr,  # [N, Hq, D], unit last stride
@@ -450,6 +539,7 @@ def _paged_attention_kernel(
     out_ptr,  # [N, Hq, D] contiguous, q's dtype (written when num_splits == 1)
     partial_out_ptr,  # [Hkv, num_splits, N * G, D] fp32 (written when num_splits > 1)
     partial_lse_ptr,  # [Hkv, num_splits, N * G] fp32 (written when num_splits > 1)
+    arrivals_ptr,  # [Hkv, programs] int32, zero at launch (MERGE_IN_KERNEL, num_splits > 1)
     q_row_stride,
     q_head_stride,
     table_batch_stride,
@@ -472,6 +562,7 @@ def _paged_attention_kernel(
     PAGE_TILE: tl.constexpr,  # page_size % BLOCK_N == 0: one page id per key tile
     UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
     BLOCK_BATCH: tl.constexpr,  # sequences counted at a time to find a program's sequence
+    MERGE_IN_KERNEL: tl.constexpr,  # the last split program of a tile merges its splits
 ):
     sequence, tile, first_row_of_sequence, live = _program_sequence(
         query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
@@ -610,6 +701,17 @@ def _paged_attention_kernel(
         base = (kv_head.to(tl.int64) * num_splits + split) * (num_rows * group) + packed_pair
         tl.store(partial_lse_ptr + base, lse, mask=row_live)
         tl.store(partial_out_ptr + base[:, None] * head_dim + d[None, :], partial, mask=pair_mask)
+    if MERGE_IN_KERNEL:
+        if num_splits > 1:
+            tl.debug_barrier()  # every thread's stores land before the arrival
+            ticket = kv_head.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
+            if tl.atomic_add(arrivals_ptr + ticket, 1) == num_splits - 1:  # the last one
+                # (from the arguments again: nothing of the above stays live for it through
+                # the key loops, where registers are short)
+                _merge_program(partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr,
+                               out_ptr, query_start_stride, ctx_len_stride, num_rows,
+                               num_sequences, kv_heads, group, head_dim, page_size,
+                               table_width, num_splits, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_BATCH)
 
 
 @triton.jit(do_not_specialize=COMBINE_UNSPECIALISED)
@@ -634,58 +736,10 @@ def _combine_splits_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_BATCH: tl.constexpr,
 ):
-    sequence, tile, first_row_of_sequence, live = _program_sequence(
-        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
-        BLOCK_BATCH)
-    kv_head = tl.program_id(1)
-    is_sequence = (sequence >= 0) & (sequence < num_sequences)
-    batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
-
-    capacity = table_width * page_size
-    ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
-    ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
-    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row = pair // group
-    q_head = kv_head * group + pair % group
-    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
-    packed_row = (first_row_of_sequence + row).to(tl.int64)
-    last_key = ctx + row
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < head_dim
-
-    # the chunking of the attention kernel: row j's keys 0 .. ctx + j lie in its first
-    # cdiv(ctx + j + 1, keys_per_split) splits, which are the ones written for it
-    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
-    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
-    row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
-    row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)  # [BLOCK_M]
-    pairs = num_rows * group
-    base = kv_head.to(tl.int64) * num_splits * pairs + packed_row * group + pair % group
-    lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    for split in range(num_splits):
-        lse = tl.load(partial_lse_ptr + base + split * pairs,
-                      mask=row_live & (split < row_splits), other=-float("inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    denominator = tl.zeros([BLOCK_M], tl.float32)
-    for split in range(num_splits):
-        offsets = base + split * pairs
-        read = row_live & (split < row_splits)
-        lse = tl.load(partial_lse_ptr + offsets, mask=read, other=-float("inf"))
-        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys of the row
-        partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
-                          mask=read[:, None] & d_mask[None, :], other=0.0)
-        acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
-        denominator += weight
-
-    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]
-    row_nan = (last_key < 0) | (last_key >= capacity)
-    out = tl.where(row_nan[:, None], float("nan"), out)
-    out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
-    out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
-    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
-             mask=row_live[:, None] & d_mask[None, :])
+    _merge_program(partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr, out_ptr,
+                   query_start_stride, ctx_len_stride, num_rows, num_sequences, kv_heads, group,
+                   head_dim, page_size, table_width, num_splits, BLOCK_M, BLOCK_N, BLOCK_D,
+                   BLOCK_BATCH)
 
 
 # ---------------------------------------------------------------------------- launcher
@@ -890,9 +944,10 @@ def split_limit(capacity: int, config: LaunchConfig) -> int:
 
 
 @functools.cache
-def _unused_fp32(device: torch.device) -> torch.Tensor:
-    """A one-element fp32 tensor standing in for the partials of a one-split launch."""
-    return torch.zeros(1, dtype=torch.float32, device=device)
+def _unused(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor standing in for a buffer the launch neither reads nor writes
+    (the partials of a one-split launch, the tickets of a merge by the combine kernel)."""
+    return torch.zeros(1, dtype=dtype, device=device)
 
 
 def _upcast(q: torch.Tensor) -> bool:
@@ -932,11 +987,15 @@ def paged_attention_into(
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    merge: str | None = None,
 ) -> None:
     """The kernel launch itself, writing into a given contiguous ``out [N, Hq, D]`` of q's
     dtype (tests hand it a tensor between guard bands). ``num_splits`` forces the schedule
     (1: query tiles, more: split-KV with that many chunks) and ``block_m``/``block_n`` the
-    tile sizes (powers of two, at least 16); by default all three follow the shapes."""
+    tile sizes (powers of two, at least 16); by default all three follow the shapes.
+    ``merge``: how split partials are merged, ``"combine"`` (a second launch) or
+    ``"last_program"`` (in the attention launch); by default the
+    ``WEDLM_KERNELS_ATTENTION_MERGE`` setting."""
     num_rows, q_heads, head_dim = q.shape
     num_pages, page_size, kv_heads, _ = k_cache.shape
     batch, table_width = block_table.shape
@@ -949,24 +1008,35 @@ def paged_attention_into(
     block_m = block_m or config.block_m
     block_n = block_n or config.block_n
     num_splits = num_splits or default_splits
-    if num_splits > 1:  # one allocation for both
+    merge = merge or _backend.ATTENTION_MERGE
+    if merge not in _backend.ATTENTION_MERGES:
+        raise ValueError(f"merge={merge!r} is not one of {', '.join(_backend.ATTENTION_MERGES)}")
+    merge_in_kernel = merge == "last_program" and num_splits > 1
+    programs = query_tiles(num_rows, batch, group, block_m)
+    if num_splits > 1:  # one allocation for the partials (and the tickets of the merge)
         pairs = kv_heads * num_splits * num_rows * group
-        buffer = torch.empty(pairs * (head_dim + 1), dtype=torch.float32, device=q.device)
-        partial_out, partial_lse = buffer.split([pairs * head_dim, pairs])
+        tickets = kv_heads * programs if merge_in_kernel else 0
+        buffer = torch.empty(pairs * (head_dim + 1) + tickets, dtype=torch.float32,
+                             device=q.device)
+        partial_out, partial_lse, arrivals = buffer.split([pairs * head_dim, pairs, tickets])
+        arrivals = (arrivals.view(torch.int32).zero_() if merge_in_kernel
+                    else _unused(q.device, torch.int32))
     else:
-        partial_out = partial_lse = _unused_fp32(q.device)  # never read or written
+        partial_out = partial_lse = _unused(q.device, torch.float32)
+        arrivals = _unused(q.device, torch.int32)
     block_d = head_dim_block(head_dim)
-    grid = (query_tiles(num_rows, batch, group, block_m), kv_heads, num_splits)
+    grid = (programs, kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, block_table, query_start, ctx_len, out, partial_out, partial_lse,
-        q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1),
+        arrivals, q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1),
         query_start.stride(0), ctx_len.stride(0),
         num_rows, batch, kv_heads, group, head_dim, page_size, table_width, num_pages,
         num_splits, float(scale) * _LOG2_E,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_TILE=page_size % block_n == 0,
-        UPCAST=_upcast(q), BLOCK_BATCH=_BLOCK_BATCH, num_warps=config.num_warps, num_stages=config.num_stages,
+        UPCAST=_upcast(q), BLOCK_BATCH=_BLOCK_BATCH, MERGE_IN_KERNEL=merge_in_kernel,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not merge_in_kernel:
         combine_grid = (query_tiles(num_rows, batch, group, _COMBINE_BLOCK_M), kv_heads)
         _combine_splits_kernel[combine_grid](
             partial_out, partial_lse, query_start, ctx_len, out, query_start.stride(0),
@@ -984,13 +1054,15 @@ _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def _attention_variant(
-    dtype: torch.dtype, block_d: int, config: LaunchConfig, page_tile: bool
+    dtype: torch.dtype, block_d: int, config: LaunchConfig, page_tile: bool,
+    merge_in_kernel: bool = False,
 ) -> KernelVariant:
     pointer = POINTER_TYPES[dtype]
     signature = {
         "q_ptr": pointer, "k_cache_ptr": pointer, "v_cache_ptr": pointer,
         "block_table_ptr": "*i32", "query_start_ptr": "*i32", "ctx_len_ptr": "*i32",
         "out_ptr": pointer, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
+        "arrivals_ptr": "*i32",
     }
     for name in (
         "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
@@ -1000,14 +1072,16 @@ def _attention_variant(
         signature[name] = "i32"
     signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",
                      BLOCK_D="constexpr", PAGE_TILE="constexpr", UPCAST="constexpr",
-                     BLOCK_BATCH="constexpr")
+                     BLOCK_BATCH="constexpr", MERGE_IN_KERNEL="constexpr")
     return KernelVariant(
         name=(f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}"
-              f"_w{config.num_warps}{'_page_tile' if page_tile else ''}"),
+              f"_w{config.num_warps}{'_page_tile' if page_tile else ''}"
+              f"{'_merged' if merge_in_kernel else ''}"),
         kernel=_paged_attention_kernel,
         signature=signature,
         constexprs={"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_D": block_d,
-                    "PAGE_TILE": page_tile, "UPCAST": False, "BLOCK_BATCH": _BLOCK_BATCH},
+                    "PAGE_TILE": page_tile, "UPCAST": False, "BLOCK_BATCH": _BLOCK_BATCH,
+                    "MERGE_IN_KERNEL": merge_in_kernel},
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         divisible_by_16=("head_dim",),
@@ -1039,14 +1113,16 @@ def kernel_variants() -> list[KernelVariant]:
     """Every specialisation :func:`paged_attention_triton` launches on a GPU: q dtype x
     BLOCK_D (head sizes up to 256) x every tile configuration of :func:`launch_config`
     (decode windows with few or many programs, longer query ranges) x one page id per key
-    tile or per key, plus the combine kernel per dtype, BLOCK_D and BLOCK_N. (On the CPU,
-    Triton's interpreter additionally runs bf16 with UPCAST, never compiled.)"""
+    tile or per key x the merge of split partials (a combine launch or in the kernel), plus
+    the combine kernel per dtype, BLOCK_D and BLOCK_N. (On the CPU, Triton's interpreter
+    additionally runs bf16 with UPCAST, never compiled.)"""
     variants = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for block_d in _HEAD_DIM_BLOCKS:
             for config in launch_configs(dtype, block_d):
-                for page_tile in (False, True):
-                    variant = _attention_variant(dtype, block_d, config, page_tile)
+                for page_tile, merge_in_kernel in itertools.product((False, True), repeat=2):
+                    variant = _attention_variant(dtype, block_d, config, page_tile,
+                                                 merge_in_kernel)
                     variants[variant.name] = variant
                 variant = _combine_variant(dtype, block_d, config.block_n)
                 variants[variant.name] = variant

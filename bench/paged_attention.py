@@ -18,6 +18,8 @@ the summary's ``fa2_over_measured_decode_min``/``_max``: the measured rule's tim
 FA2 rule's, > 1 where FA2's is faster), the launcher merging split partials in its one launch
 (``triton_merged``, ``WEDLM_KERNELS_ATTENTION_MERGE=last_program``; the summary's
 ``merged_over_combine_decode_min``/``_max``: the two-launch time over the one-launch time)
+prefills starting their heaviest query tiles first (``triton_heaviest_first``,
+``WEDLM_KERNELS_ATTENTION_ORDER=heaviest_first``; ``heaviest_first_over_forward_prefill_min``)
 and ``torch.nn.functional.scaled_dot_product_attention``
 on a dense ``[B, Hkv, context + q_len, D]`` copy of the same keys and values (GQA through
 ``enable_gqa`` when SDPA supports it with the bottom-right causal mask, else with the KV heads
@@ -52,8 +54,11 @@ from bench.common import Timer, add_derived, fmt, fmt_rate, markdown_table
 
 # triton: the kernel as configured by default; triton_fa2: under the FA2 split rule
 # (WEDLM_KERNELS_ATTENTION_SPLITS=fa2); triton_merged: merging split partials in its own
-# launch (WEDLM_KERNELS_ATTENTION_MERGE=last_program); timed side by side on a GPU
-IMPL_ORDER = ("triton", "triton_fa2", "triton_merged", "torch", "sdpa")
+# launch (WEDLM_KERNELS_ATTENTION_MERGE=last_program); triton_heaviest_first: starting the
+# query tiles that see the most keys first (WEDLM_KERNELS_ATTENTION_ORDER=heaviest_first,
+# prefill only); timed side by side on a GPU
+IMPL_ORDER = ("triton", "triton_fa2", "triton_merged", "triton_heaviest_first", "torch",
+              "sdpa")
 
 
 def with_setting(launcher: Callable, setting: str, value: str) -> Callable:
@@ -274,9 +279,9 @@ def run_case(kind: str, sizes: Sizes, launchers: dict, batch: int, rows: int, co
     if skipped:
         case["sdpa_variants_not_run"] = skipped
     calls = {"sdpa": sdpa_call}
-    for impl in ("triton", "triton_fa2", "triton_merged", "torch"):
+    for impl in ("triton", "triton_fa2", "triton_merged", "triton_heaviest_first", "torch"):
         launcher = launchers.get(impl)
-        if launcher is None:
+        if launcher is None or (impl == "triton_heaviest_first" and kind != "prefill"):
             continue
         calls[impl] = lambda launcher=launcher: launcher(*args)
         error = relative_error(calls[impl]().view(expected.shape), expected)
@@ -490,6 +495,11 @@ def summarise(report: dict) -> dict:
         "merged_over_combine_decode_max": common.extreme(
             [common.ratio(common.median_us(c, "triton", "graph"),
                           common.median_us(c, "triton_merged", "graph")) for c in decode], max),
+        # the heaviest query tiles first against the forward order (> 1: faster), prefill
+        "heaviest_first_over_forward_prefill_min": common.extreme(
+            [common.ratio(common.median_us(c, "triton", "graph"),
+                          common.median_us(c, "triton_heaviest_first", "graph"))
+             for c in prefill], min),
     }
 
 
@@ -524,6 +534,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "triton": paged_attention_triton,
         "triton_fa2": with_setting(paged_attention_triton, "ATTENTION_SPLITS", "fa2"),
         "triton_merged": with_setting(paged_attention_triton, "ATTENTION_MERGE", "last_program"),
+        "triton_heaviest_first": with_setting(paged_attention_triton, "ATTENTION_ORDER",
+                                              "heaviest_first"),
     }
     if args.cpu_smoke:  # the PyTorch implementation stands in for (or beside) the kernel
         launchers = {"torch": paged_attention_torch}
@@ -531,6 +543,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             launchers["triton"] = paged_attention_triton
             launchers["triton_merged"] = with_setting(paged_attention_triton,
                                                       "ATTENTION_MERGE", "last_program")
+            launchers["triton_heaviest_first"] = with_setting(
+                paged_attention_triton, "ATTENTION_ORDER", "heaviest_first")
     matmul = matmul_ceiling(sizes, bench.timer)
     print(f"copy bandwidth: {fmt(bench.copy['gb_per_s'], 0)} GB/s; matmul: "
           f"{fmt(matmul['tflops'], 1)} TFLOP/s", flush=True)

@@ -463,6 +463,35 @@ MUTATIONS: list[Mutation] = [
         ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",
     ),
     Mutation(
+        "attention-kernel-coverage-check-skipped", ATTENTION,
+        (("in_range[None, :]  # [M, N]\n"
+          "        first_uncovered = tl.minimum(first_uncovered, tl.where(covered, 2**31 - 1, keys))\n",
+          "in_range[None, :]  # [M, N]\n"),),
+        ATTENTION_KERNEL_TESTS, "a needed position without a page in the diagonal tiles gives "
+        "a finite row (its key and value read as zeros) instead of NaN",
+        keyword="without_a_page",
+    ),
+    Mutation(
+        "attention-kernel-full-loop-page-not-ahead", ATTENTION,
+        (("start + BLOCK_N,\n                                n, full_stop, PAGE_TILE)",
+          "start,\n                                n, full_stop, PAGE_TILE)"),),
+        ATTENTION_KERNEL_TESTS, "the page ids loaded ahead are the tile's own: every full tile "
+        "after the first reads the previous tile's pages",
+    ),
+    Mutation(
+        "attention-kernel-diagonal-loop-page-not-ahead", ATTENTION,
+        (("start + BLOCK_N,\n                                n, diagonal_end, PAGE_TILE)",
+          "start,\n                                n, diagonal_end, PAGE_TILE)"),),
+        ATTENTION_KERNEL_TESTS, "the page ids loaded ahead are the tile's own: every "
+        "diagonal tile after the first reads the previous tile's pages",
+    ),
+    Mutation(
+        "attention-kernel-heaviest-first-off-by-one", ATTENTION,
+        (("tl.num_programs(0) - 1 - program, program)", "tl.num_programs(0) - program, program)"),),
+        ATTENTION_KERNEL_TESTS, "program ids taken in reverse skip one tile and ask for one "
+        "past the grid", keyword="heaviest_first",
+    ),
+    Mutation(
         "attention-kernel-merge-tickets-not-zeroed", ATTENTION,
         (("arrivals = (arrivals.view(torch.int32).zero_() if merge_in_kernel",
           "arrivals = (arrivals.view(torch.int32) if merge_in_kernel"),),

@@ -25,9 +25,13 @@ def graph(case: dict, impl: str = "triton") -> float:
 # behind max_sampling_over_greedy, the three launches of every set.
 LATER_KEYS = {"select_tokens": {"new_over_old_min": None, "select_host_us_eager": None,
                                 "max_sampling_over_greedy_impls": "triton: greedy, sampling"},
-              # the committed run predates the FA2 split rule it times beside the measured one
+              # the committed run predates the FA2 split rule, the one-launch merge and the
+              # heaviest-first order it times beside the defaults
               "paged_attention": {"fa2_over_measured_decode_min": None,
-                                  "fa2_over_measured_decode_max": None}}
+                                  "fa2_over_measured_decode_max": None,
+                                  "merged_over_combine_decode_min": None,
+                                  "merged_over_combine_decode_max": None,
+                                  "heaviest_first_over_forward_prefill_min": None}}
 
 
 def test_committed_gpu_results_carry_the_summary_of_their_own_cases():

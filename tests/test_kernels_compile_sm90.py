@@ -52,13 +52,10 @@ print(json.dumps(results))
 # - Triton 3.7 (ptxas 12.8) only: the select_tokens scan specialised on a vocabulary size and
 #   row stride that are multiples of 16 keeps 80 registers and spills 12 bytes (flags and
 #   the thread index) around the slow-path calls of its IEEE divisions (x / temperature
-#   and the Gumbel transform's log1p), once per tile; paged_attention's fp16 16 x 32 tiles
-#   at head size 32 and 64 spill 8 bytes; select_tokens' one-launch greedy kernel on fp32
-#   and fp16 logits whose vocabulary size or row stride is not a multiple of 16 (narrower
-#   loads; such vocabularies are rare, and not measured) spills 16 and 8; five of
-#   paged_attention's small tiles that merge split partials in the launch spill 4 to 16.
-#   Triton 3.6 compiles all of them without a spill (make test-oldest runs this test on
-#   it).
+#   and the Gumbel transform's log1p), once per tile; select_tokens' one-launch greedy kernel
+#   on fp32 and fp16 logits whose vocabulary size or row stride is not a multiple of 16
+#   (narrower loads; such vocabularies are rare, and not measured) spills 16 and 8. Triton
+#   3.6 compiles them without a spill (make test-oldest runs this test on it).
 _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": size
                   for slots, size in ((32, 4), (256, 8)) for limited in (False, True)}
 # - process_logits' rules kernel with the bias and the min_tokens stop-id loops (and neither
@@ -66,33 +63,27 @@ _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": s
 #   of the scalar loop state; the variants with more rules allocate more and spill nothing.
 _LOGIT_RULE_SPILLS = {f"process_logits:rules_bias_min_tokens_{dtype}": 8
                       for dtype in ("fp32", "fp16", "bf16")}
-# - paged_attention's 64-key tiles (64 x 64 with 4 warps, 128 x 64 with 8) at head sizes 64
-#   and 128, fp16 and bf16: kept although they spill, because they were measured faster. On
-#   an H200 the 64 x 64 tiles (spilling 150 bytes then) took 1.46 ms at B=64, q 16, context
-#   16384, where 64 x 32 tiles with 8 warps that spill nothing took 3.36 ms, and 128 x 64
-#   prefill tiles were 1.3x faster than 128 x 32 (ops/attention.py, the launcher's comment).
-#   The bytes are ptxas's for each release.
-#   The variants that merge split partials in the launch (``_merged``) spill at the same
-#   tiles, about as much.
+# - paged_attention: on Triton 3.6 (the GPU image's) no tile the launcher picks for fp16 or
+#   bf16 at head size 128 spills; a few small tiles at head sizes 32 and 64 (and fp32 ones)
+#   spill 8 to 16 bytes of scalar state, mostly those merging split partials in the launch
+#   (``_merged``). Triton 3.7's ptxas spills 80-84 bytes in the 64 x 64 tile at head size
+#   128 and 4 to 24 bytes in a few small tiles.
 _ATTENTION_SPILLS = {
-    "3.6": {"d64_m64_n64_w4": 44, "d64_m64_n64_w4_page_tile": 28, "d128_m64_n64_w4": 208,
-            "d128_m64_n64_w4_page_tile": 252, "d128_m128_n64_w8": 80,
-            "d128_m128_n64_w8_page_tile": 64,
-            "d64_m64_n64_w4_merged": 40, "d64_m64_n64_w4_page_tile_merged": 20,
-            "d128_m64_n64_w4_merged": 176, "d128_m64_n64_w4_page_tile_merged": 212,
-            "d128_m128_n64_w8_merged": 56, "d128_m128_n64_w8_page_tile_merged": 72},
-    "3.7": {"d64_m64_n64_w4": 44, "d64_m64_n64_w4_page_tile": 44, "d128_m64_n64_w4": 356,
-            "d128_m64_n64_w4_page_tile": 232, "d128_m128_n64_w8": 92,
-            "d128_m128_n64_w8_page_tile": 96,
-            "d64_m64_n64_w4_merged": 12, "d64_m64_n64_w4_page_tile_merged": 52,
-            "d128_m64_n64_w4_merged": 132, "d128_m64_n64_w4_page_tile_merged": 180,
-            "d128_m128_n64_w8_merged": 96, "d128_m128_n64_w8_page_tile_merged": 76},
+    "3.6": {"fp32_d32_m32_n32_w4": 12, "fp32_d64_m16_n16_w4_merged": 12,
+            "fp32_d64_m16_n16_w4_page_tile_merged": 8,
+            "fp16_d32_m16_n32_w4_page_tile_merged": 8, "bf16_d32_m16_n32_w4_merged": 12,
+            "bf16_d32_m16_n32_w4_page_tile_merged": 8,
+            "bf16_d64_m16_n32_w4_page_tile_merged": 16},
+    "3.7": {"fp16_d128_m64_n64_w4": 80, "fp16_d128_m64_n64_w4_merged": 84,
+            "bf16_d128_m64_n64_w4": 80, "bf16_d128_m64_n64_w4_merged": 84,
+            "bf16_d16_m16_n32_w4": 4, "bf16_d64_m16_n32_w4_page_tile_merged": 16,
+            "bf16_d128_m16_n32_w4_merged": 24},
 }
 
 
 def _attention_spills(release: str) -> dict[str, int]:
-    return {f"paged_attention:attention_{dtype}_{tile}": size
-            for tile, size in _ATTENTION_SPILLS[release].items() for dtype in ("fp16", "bf16")}
+    return {f"paged_attention:attention_{variant}": size
+            for variant, size in _ATTENTION_SPILLS[release].items()}
 
 
 KNOWN_SPILL_BYTES = {
@@ -101,15 +92,7 @@ KNOWN_SPILL_BYTES = {
             **_attention_spills("3.7"),
             "select_tokens:scan_fp32_aligned16": 12, "select_tokens:scan_fp16_aligned16": 12,
             "select_tokens:scan_bf16_aligned16": 12, "select_tokens:one_launch_greedy_fp16": 8,
-            "select_tokens:one_launch_greedy_fp32": 16,
-            "paged_attention:attention_fp16_d32_m16_n32_w4_page_tile": 8,
-            "paged_attention:attention_fp16_d64_m16_n32_w4": 8,
-            # the same few bytes of scalar state in small tiles merging in the launch
-            "paged_attention:attention_fp32_d64_m16_n16_w4_merged": 16,
-            "paged_attention:attention_fp16_d32_m16_n32_w4_merged": 4,
-            "paged_attention:attention_fp16_d64_m16_n32_w4_page_tile_merged": 12,
-            "paged_attention:attention_bf16_d16_m16_n32_w4_merged": 12,
-            "paged_attention:attention_bf16_d32_m16_n32_w4_page_tile_merged": 8},
+            "select_tokens:one_launch_greedy_fp32": 16},
 }
 
 

@@ -41,6 +41,7 @@ DTYPES = (torch.float32, torch.float16) + ((torch.bfloat16,) if ON_GPU else ())
 
 OUT_SENTINEL = 777.0  # the output's initial value: an element the kernel skips stays at it
 MERGES = ("combine", "last_program")  # how split partials are merged (paged_attention_into)
+ORDERS = ("forward", "heaviest_first")  # the order query tiles start in
 
 
 def schedules(splits: int) -> list[tuple[int, str | None]]:
@@ -121,6 +122,7 @@ def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
     extra_pages=st.integers(0, 2),
     num_splits=st.sampled_from([None, 1, 2, 3]),
     merge=st.sampled_from(MERGES),
+    order=st.sampled_from(ORDERS),
     block_n=st.sampled_from([None, 16]),
     strided_q=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
@@ -129,15 +131,16 @@ def _scattered_layout(ctx_len, q_len, rows, page_size, extra_pages, generator):
 # key tiles; a window whose q_len is past S next to one whose q_len is negative
 @example(dtype=torch.float32, head_dim=16, heads=(1, 1), page_size=4, rows=1,
          sequences=[("zero", "one", 0)], extra_pages=0, num_splits=None, merge="combine",
-         block_n=None, strided_q=False, seed=0)
+         order="forward", block_n=None, strided_q=False, seed=0)
 @example(dtype=torch.float16, head_dim=80, heads=(1, 8), page_size=16, rows=7,
          sequences=[("boundary", "all", 2)], extra_pages=2, num_splits=3,
-         merge="last_program", block_n=16, strided_q=True, seed=1)
+         merge="last_program", order="heaviest_first", block_n=16, strided_q=True, seed=1)
 @example(dtype=torch.float32, head_dim=64, heads=(2, 4), page_size=4, rows=5,
          sequences=[("boundary-1", "over", 1), ("any", "negative", 7)], extra_pages=1,
-         num_splits=2, merge="combine", block_n=None, strided_q=False, seed=2)
+         num_splits=2, merge="combine", order="heaviest_first", block_n=None, strided_q=False,
+         seed=2)
 def test_kernel_matches_reference_and_pytorch(
-    dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, merge,
+    dtype, head_dim, heads, page_size, rows, sequences, extra_pages, num_splits, merge, order,
     block_n, strided_q, seed,
 ):
     g = torch.Generator().manual_seed(seed)
@@ -161,7 +164,7 @@ def test_kernel_matches_reference_and_pytorch(
     args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len),
             head_dim**-0.5)
 
-    out = _run_kernel(args, num_splits=num_splits, merge=merge, block_n=block_n)
+    out = _run_kernel(args, num_splits=num_splits, merge=merge, order=order, block_n=block_n)
 
     expected = reference(*_cpu(args))
     assert not expected.isnan().any()  # every needed page is covered here
@@ -231,7 +234,8 @@ class _NoLaunch:
         raise AssertionError("the combine kernel was launched")
 
 
-def test_the_last_program_merge_is_one_launch_and_equals_the_combine(monkeypatch):
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_last_program_merge_is_one_launch_and_equals_the_combine(monkeypatch, order):
     """merge="last_program": no combine launch; the output equals the combine's (the same
     merge, in the other launch), over two KV heads (a ticket per tile and KV head) and
     query tiles of two sequences and the padding rows."""
@@ -241,19 +245,23 @@ def test_the_last_program_merge_is_one_launch_and_equals_the_combine(monkeypatch
     q = torch.randn(2, rows, kv_heads * group, head_dim, generator=g).to(DEVICE)
     k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths(ctx_len), _lengths(q_len), 0.3)
-    combined = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="combine")
+    combined = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="combine",
+                           order=order)
     monkeypatch.setattr(attention_ops, "_combine_splits_kernel", _NoLaunch())
-    merged = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="last_program")
+    merged = _run_kernel(args, num_splits=4, block_m=16, block_n=16, merge="last_program",
+                         order=order)
     assert torch.equal(merged, combined)
     assert_close(merged, reference(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
-def test_an_unknown_merge_is_refused_naming_it():
+@pytest.mark.parametrize("setting", [{"merge": "both"}, {"order": "backward"}])
+def test_an_unknown_merge_or_order_is_refused_naming_it(setting):
     q = torch.zeros(2, 1, 16)
     cache = torch.zeros(1, 4, 1, 16)
-    with pytest.raises(ValueError, match="merge='both'"):
+    (name, value), = setting.items()
+    with pytest.raises(ValueError, match=f"{name}='{value}'"):
         paged_attention_into(torch.empty_like(q), q, cache, cache, _table([[0]]).cpu(),
-                             _lengths([0, 2]).cpu(), _lengths([0]).cpu(), 0.25, merge="both")
+                             _lengths([0, 2]).cpu(), _lengths([0]).cpu(), 0.25, **setting)
 
 
 def test_a_page_table_reaching_past_int32_positions_is_rejected():
@@ -265,7 +273,8 @@ def test_a_page_table_reaching_past_int32_positions_is_rejected():
                            0.25)
 
 
-def test_prefill_query_tiles_match_the_reference():
+@pytest.mark.parametrize("order", ORDERS)
+def test_prefill_query_tiles_match_the_reference(order):
     # 70 prompt rows x GQA 2 = 140 (row, head) pairs: three query tiles of 64, one pass
     g = torch.Generator().manual_seed(2)
     rows, kv_heads, group, head_dim, page_size = 70, 1, 2, 64, 16
@@ -275,30 +284,32 @@ def test_prefill_query_tiles_match_the_reference():
     k_cache, v_cache = _caches(num_pages, page_size, kv_heads, head_dim, torch.float32, g)
     args = (q, k_cache, v_cache, _table(table), _lengths(batch_ctx), _lengths(batch_q_len),
             head_dim**-0.5)
-    out = _run_kernel(args, block_m=64, num_splits=1)
+    out = _run_kernel(args, block_m=64, num_splits=1, order=order)
     expected = reference(*_cpu(args))
     assert_close(out, expected, ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("num_splits,block_m,merge", [
     (1, None, None), (3, 16, "combine"), (3, 16, "last_program"), (1, 64, None),
     (2, 32, "combine"), (2, 32, "last_program")])
-def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m, merge):
+def test_packed_rows_of_uneven_sequences_and_padding_rows(num_splits, block_m, merge, order):
     """Sequences of 0, 70, 1 and 5 rows back to back, then 3 padding rows, through every
     schedule: each row equals the reference and the padding rows are written as zeros."""
     args = uneven_packed_case(torch.Generator().manual_seed(8), DEVICE)
     q = args[0]
     out = guarded(torch.full(q.shape, OUT_SENTINEL, dtype=q.dtype, device=q.device))
     paged_attention_into(out.tensor, *args, num_splits=num_splits, block_m=block_m,
-                         block_n=16, merge=merge)
+                         block_n=16, merge=merge, order=order)
     out.check("out")
     assert (out.tensor[-3:] == 0).all() and out.tensor[:-3].isfinite().all()
     assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("num_splits, merge", schedules(2))
 def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
-        monkeypatch, num_splits, merge):
+        monkeypatch, num_splits, merge, order):
     """A program counts the sequences whose first tile precedes it _BLOCK_BATCH at a time
     (16 here): 41 sequences of 0-3 rows (empty ones included, at chunk edges too) span
     three count blocks; every row equals the reference, padding rows are zero."""
@@ -318,8 +329,8 @@ def test_programs_find_their_sequence_among_more_sequences_than_one_count_block(
             head_dim**-0.5)
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     out = guarded(torch.full(q.shape, OUT_SENTINEL, device=DEVICE))
-    paged_attention_into(out.tensor, *args, num_splits=num_splits, merge=merge, block_m=16,
-                         block_n=16)
+    paged_attention_into(out.tensor, *args, num_splits=num_splits, merge=merge, order=order,
+                         block_m=16, block_n=16)
     out.check("out")
     assert (out.tensor[-2:] == 0).all()
     assert_close(out.tensor, ref.paged_attention(*_cpu(args)), ATTENTION_KERNEL_TOLERANCE, torch.float32)

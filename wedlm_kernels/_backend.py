@@ -49,4 +49,10 @@ ATTENTION_SPLITS = _setting("WEDLM_KERNELS_ATTENTION_SPLITS", ATTENTION_SPLIT_RU
 ATTENTION_MERGES = ("combine", "last_program")
 ATTENTION_MERGE = _setting("WEDLM_KERNELS_ATTENTION_MERGE", ATTENTION_MERGES)
 
+# The order paged_attention starts its query tiles in: ``forward`` (program ids as laid
+# out, the default, measured) or ``heaviest_first`` (in reverse: a sequence's last tiles,
+# which see the most keys under the causal mask, first; not yet measured on a GPU).
+ATTENTION_ORDERS = ("forward", "heaviest_first")
+ATTENTION_ORDER = _setting("WEDLM_KERNELS_ATTENTION_ORDER", ATTENTION_ORDERS)
+
 DEBUG = os.environ.get("WEDLM_KERNELS_DEBUG", "0").strip().lower() not in ("", "0", "false", "no")

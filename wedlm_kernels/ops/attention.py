@@ -351,7 +351,10 @@ def paged_attention_fake(
 # a program finds its sequence by counting the b with first_tile(b) <= its id, and one past
 # the last tile of its sequence writes nothing. The padding rows query_start[B] .. N-1 form a last
 # pseudo-sequence whose programs write zeros, so the grid has (N G) // BLOCK_M + B + 1
-# programs per KV head: fixed by the shapes, as a CUDA graph needs.
+# programs per KV head: fixed by the shapes, as a CUDA graph needs. With heaviest_first the
+# ids are taken in reverse (id -> programs - 1 - id): a GPU starts lower ids first, and a
+# sequence's last tiles see the most keys, so the longest programs start first and the
+# short ones fill the tail (prefill under the causal mask).
 #
 # Causal mask: row j sees keys 0 .. ctx + j. Keys below ctx + first_row + 1 are visible to
 # every row of the tile (the "full" loop, no mask); the remaining keys up to
@@ -405,7 +408,7 @@ _LOG2_E = 1.4426950408889634
 ATTENTION_UNSPECIALISED = (
     "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
     "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
-    "group", "page_size", "table_width", "num_pages", "num_splits",
+    "group", "page_size", "table_width", "num_pages", "num_splits", "heaviest_first",
 )
 COMBINE_UNSPECIALISED = (
     "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads", "group",
@@ -472,16 +475,19 @@ def _merge_splits(
 
 @triton.jit
 def _program_sequence(
-    query_start_ptr, query_start_stride, num_rows, num_sequences, group,
+    query_start_ptr, query_start_stride, num_rows, num_sequences, group, heaviest_first,
     BLOCK_M: tl.constexpr, BLOCK_BATCH: tl.constexpr,
 ):
-    """``(sequence, tile, first_row, q_len)`` of this program (axis 0): the last b in
+    """``(sequence, tile, first_row, q_len)`` of this program (axis 0; with
+    ``heaviest_first`` the ids are taken in reverse, so that a sequence's last tiles, which
+    see the most keys, start first): the last b in
     [0, B] with first_tile(b) = (query_start[b] * G) // BLOCK_M + b <= program id; b = B is
     the padding rows' pseudo-sequence (rows query_start[B] .. N-1). first_tile is
     increasing, so b + 1 is the number of sequences whose first tile is <= the program id:
     counted BLOCK_BATCH sequences at a time (independent loads, no dependent chain as in a
     binary search)."""
     program = tl.program_id(0)
+    program = tl.where(heaviest_first != 0, tl.num_programs(0) - 1 - program, program)
     count = tl.zeros([], dtype=tl.int32)
     for chunk in range(0, num_sequences + 1, BLOCK_BATCH):
         b = chunk + tl.arange(0, BLOCK_BATCH)
@@ -507,7 +513,7 @@ def _program_sequence(
 def _merge_program(
     partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr, out_ptr,
     query_start_stride, ctx_len_stride, num_rows, num_sequences, kv_heads, group, head_dim,
-    page_size, table_width, num_splits,
+    page_size, table_width, num_splits, heaviest_first,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_BATCH: tl.constexpr,
 ):
@@ -515,8 +521,8 @@ def _merge_program(
     and KV head (axis 1): its sequence and context found as the attention kernel finds
     them."""
     sequence, tile, first_row_of_sequence, live = _program_sequence(
-        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
-        BLOCK_BATCH)
+        query_start_ptr, query_start_stride, num_rows, num_sequences, group, heaviest_first,
+        BLOCK_M, BLOCK_BATCH)
     kv_head = tl.program_id(1)
     is_sequence = (sequence >= 0) & (sequence < num_sequences)
     batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
@@ -526,6 +532,21 @@ def _merge_program(
     _merge_splits(partial_out_ptr, partial_lse_ptr, out_ptr, kv_head, tile,
                   first_row_of_sequence, live, ctx, is_sequence, sequence, num_rows, kv_heads,
                   group, head_dim, capacity, num_splits, BLOCK_M, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def _tile_pages(table_row_ptr, table_page_stride, page_size, start, n, stop,
+                PAGE_TILE: tl.constexpr):
+    """Page ids of the key tile at ``start`` (keys ``start + n``) of a loop that ends at
+    ``stop``: one id (PAGE_TILE) or one per key, -1 (not covered) for keys at or past
+    ``stop`` (no table entry past the loop is read)."""
+    if PAGE_TILE:
+        return tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride,
+                       mask=start < stop, other=-1)
+    else:
+        keys = start + n
+        return tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
+                       mask=keys < stop, other=-1)
 
 
 @triton.jit(do_not_specialize=ATTENTION_UNSPECIALISED)
@@ -555,6 +576,7 @@ def _paged_attention_kernel(
     table_width,  # P
     num_pages,
     num_splits,
+    heaviest_first,  # 1: program ids in reverse (a sequence's heaviest tiles first)
     scale_log2,  # scale * log2(e)
     BLOCK_M: tl.constexpr,  # (row, head) pairs per program
     BLOCK_N: tl.constexpr,  # keys per tile
@@ -565,8 +587,8 @@ def _paged_attention_kernel(
     MERGE_IN_KERNEL: tl.constexpr,  # the last split program of a tile merges its splits
 ):
     sequence, tile, first_row_of_sequence, live = _program_sequence(
-        query_start_ptr, query_start_stride, num_rows, num_sequences, group, BLOCK_M,
-        BLOCK_BATCH)
+        query_start_ptr, query_start_stride, num_rows, num_sequences, group, heaviest_first,
+        BLOCK_M, BLOCK_BATCH)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     is_sequence = (sequence >= 0) & (sequence < num_sequences)
@@ -616,15 +638,23 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    uncovered_keys = tl.zeros([BLOCK_N], tl.int32)  # full loop: 1 where a key had no page
-    uncovered = tl.zeros([BLOCK_M], tl.int32)  # 1: the row needs a key without a page
+    # per key of a tile, the first position without a page (2^31 - 1: none) in both loops:
+    # row j needs a key without a page iff the first one is <= last_key[j] (every key of the
+    # full loop is <= every row's last key, a diagonal key is visible to row j iff it is
+    # <= last_key[j]), so no [BLOCK_M, BLOCK_N] mask is needed
+    first_uncovered = tl.full([BLOCK_N], 2**31 - 1, tl.int32)
 
+    # The page ids of a key tile are loaded one iteration ahead (loop-carried): the K/V
+    # addresses of a tile then depend on no load of its own iteration, so the software
+    # pipeliner sees K and V as direct loads and gives them all num_stages - 1 stages
+    # (an indirect load chain splits them between the page-id load and the K/V loads).
+    next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, split_start, n,
+                            full_stop, PAGE_TILE)
     for start in range(split_start, full_stop, BLOCK_N):
         keys = start + n  # [BLOCK_N] positions and their pages
-        if PAGE_TILE:
-            page = tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride)
-        else:
-            page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride)
+        page = next_page
+        next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, start + BLOCK_N,
+                                n, full_stop, PAGE_TILE)
         covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]
         slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
         kv_offsets = slot[:, None] * slot_stride + head_offset
@@ -634,7 +664,7 @@ def _paged_attention_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        uncovered_keys = tl.maximum(uncovered_keys, tl.where(covered, 0, 1))
+        first_uncovered = tl.minimum(first_uncovered, tl.where(covered, 2**31 - 1, keys))
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [M, N]
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -643,16 +673,14 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
 
-    uncovered = tl.maximum(uncovered, tl.max(uncovered_keys, axis=0))  # every row saw them
-
-    for start in range(full_stop, diagonal_end, BLOCK_N):
+    next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, full_stop, n,
+                            diagonal_end, PAGE_TILE)
+    for start in tl.range(full_stop, diagonal_end, BLOCK_N, num_stages=2):
         keys = start + n
         in_range = keys < diagonal_end
-        if PAGE_TILE:  # start < diagonal_end: the tile's page index is in the table
-            page = tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride)
-        else:
-            page = tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
-                           mask=in_range, other=-1)
+        page = next_page
+        next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, start + BLOCK_N,
+                                n, diagonal_end, PAGE_TILE)
         covered = in_range & (page >= 0) & (page < num_pages)
         slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
         kv_offsets = slot[:, None] * slot_stride + head_offset
@@ -663,8 +691,7 @@ def _paged_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         visible = (keys[None, :] <= last_key[:, None]) & in_range[None, :]  # [M, N]
-        uncovered = tl.maximum(
-            uncovered, tl.max(tl.where(visible & (covered[None, :] == 0), 1, 0), axis=1))
+        first_uncovered = tl.minimum(first_uncovered, tl.where(covered, 2**31 - 1, keys))
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         scores = tl.where(visible, scores, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -682,7 +709,11 @@ def _paged_attention_kernel(
         acc = tl.where(first_non_finite[None, :] <= last_key[:, None], float("nan"), acc)
         m_i = m_new
 
-    row_nan = uncovered > 0
+    # (a key of the last diagonal tile at or past diagonal_end counts as uncovered; it
+    # is past key_end, so past every row's last key, or the tile would end at the split's
+    # end: the bound below only restates that, and ptxas allocates the 16 x 32 tile at head
+    # size 128 without a spill with it)
+    row_nan = tl.min(first_uncovered, axis=0) <= tl.minimum(last_key, diagonal_end - 1)
     # the full loop multiplies V as loaded: a visible +-inf there leaves inf (or NaN) in its
     # column of acc, which the contract makes NaN like the diagonal loop's
     acc = tl.where((acc == acc) & (tl.abs(acc) < float("inf")), acc, float("nan"))
@@ -711,7 +742,8 @@ def _paged_attention_kernel(
                 _merge_program(partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr,
                                out_ptr, query_start_stride, ctx_len_stride, num_rows,
                                num_sequences, kv_heads, group, head_dim, page_size,
-                               table_width, num_splits, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_BATCH)
+                               table_width, num_splits, heaviest_first, BLOCK_M, BLOCK_N,
+                               BLOCK_D, BLOCK_BATCH)
 
 
 @triton.jit(do_not_specialize=COMBINE_UNSPECIALISED)
@@ -738,7 +770,7 @@ def _combine_splits_kernel(
 ):
     _merge_program(partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr, out_ptr,
                    query_start_stride, ctx_len_stride, num_rows, num_sequences, kv_heads, group,
-                   head_dim, page_size, table_width, num_splits, BLOCK_M, BLOCK_N, BLOCK_D,
+                   head_dim, page_size, table_width, num_splits, 0, BLOCK_M, BLOCK_N, BLOCK_D,
                    BLOCK_BATCH)
 
 
@@ -751,11 +783,13 @@ def _combine_splits_kernel(
 # H200 (bench/results/nvidia-h200/paged_attention.json against gpu_check/
 # paged_attention_quick.json, head_dim 128, bf16): 64 x 64 with 4 warps took 1.46 ms at
 # B=64, q 16, context 16384 (70% of copy bandwidth), where 64 x 32 with 8 warps took 3.36 ms,
-# although ptxas reports that the 64-key tiles spill registers at head_dim 128 and the
-# 32-key ones do not; prefill 128 x 64 was 1.3x faster than 128 x 32. (Those 64-key runs
-# were of the kernel before packed rows, which spilled 150 bytes; this one spills 208 on
-# Triton 3.6, and has not run on a GPU yet.) fp32 takes exact fp32 products ("ieee", no
-# TF32) with small tiles.
+# although ptxas reported then that the 64-key tiles spilled registers at head_dim 128 and
+# the 32-key ones did not; prefill 128 x 64 was 1.3x faster than 128 x 32. (Those runs were
+# of the kernel before packed rows, which spilled 150 bytes in the 64 x 64 tile; the key
+# loops of this one load page ids a tile ahead and track uncovered positions per key slot,
+# and on Triton 3.6 no tile at head_dim 128 spills, with two K/V tiles in flight,
+# bench/results/sm90_compile/paged_attention.md; it has not run on a GPU yet.) fp32 takes
+# exact fp32 products ("ieee", no TF32) with small tiles.
 #
 # Schedules, chosen from shapes only (no value is read on the host, so a call can be captured
 # in a CUDA graph): "decode" when the rows average at most MAX_DECODE_ROWS per sequence, else
@@ -988,6 +1022,7 @@ def paged_attention_into(
     block_m: int | None = None,
     block_n: int | None = None,
     merge: str | None = None,
+    order: str | None = None,
 ) -> None:
     """The kernel launch itself, writing into a given contiguous ``out [N, Hq, D]`` of q's
     dtype (tests hand it a tensor between guard bands). ``num_splits`` forces the schedule
@@ -995,7 +1030,9 @@ def paged_attention_into(
     tile sizes (powers of two, at least 16); by default all three follow the shapes.
     ``merge``: how split partials are merged, ``"combine"`` (a second launch) or
     ``"last_program"`` (in the attention launch); by default the
-    ``WEDLM_KERNELS_ATTENTION_MERGE`` setting."""
+    ``WEDLM_KERNELS_ATTENTION_MERGE`` setting. ``order``: the order the query tiles are
+    started in, ``"forward"`` or ``"heaviest_first"`` (a sequence's last tiles, which see the
+    most keys, first); by default the ``WEDLM_KERNELS_ATTENTION_ORDER`` setting."""
     num_rows, q_heads, head_dim = q.shape
     num_pages, page_size, kv_heads, _ = k_cache.shape
     batch, table_width = block_table.shape
@@ -1012,6 +1049,9 @@ def paged_attention_into(
     if merge not in _backend.ATTENTION_MERGES:
         raise ValueError(f"merge={merge!r} is not one of {', '.join(_backend.ATTENTION_MERGES)}")
     merge_in_kernel = merge == "last_program" and num_splits > 1
+    order = order or _backend.ATTENTION_ORDER
+    if order not in _backend.ATTENTION_ORDERS:
+        raise ValueError(f"order={order!r} is not one of {', '.join(_backend.ATTENTION_ORDERS)}")
     programs = query_tiles(num_rows, batch, group, block_m)
     if num_splits > 1:  # one allocation for the partials (and the tickets of the merge)
         pairs = kv_heads * num_splits * num_rows * group
@@ -1031,7 +1071,7 @@ def paged_attention_into(
         arrivals, q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1),
         query_start.stride(0), ctx_len.stride(0),
         num_rows, batch, kv_heads, group, head_dim, page_size, table_width, num_pages,
-        num_splits, float(scale) * _LOG2_E,
+        num_splits, int(order == "heaviest_first"), float(scale) * _LOG2_E,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_TILE=page_size % block_n == 0,
         UPCAST=_upcast(q), BLOCK_BATCH=_BLOCK_BATCH, MERGE_IN_KERNEL=merge_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -1068,6 +1108,7 @@ def _attention_variant(
         "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
         "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
         "group", "head_dim", "page_size", "table_width", "num_pages", "num_splits",
+        "heaviest_first",
     ):
         signature[name] = "i32"
     signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",

@@ -133,11 +133,18 @@ MUTATIONS: list[Mutation] = [
         SELECT_TESTS, "top-k drops the k-th largest value and its ties",
     ),
     Mutation(
-        "select-checks-cached-without-dtype", SELECT,
-        (("return (sampling, *((a.dtype, a.shape, a.stride(), a.device) for a in arguments))",
-          "return (sampling, *((a.shape, a.stride(), a.device) for a in arguments))"),),
-        SELECT_TESTS, "a call whose dtypes differ from a checked call's skips the checks",
+        "checks-cached-without-the-other-arguments", "wedlm_kernels/ops/_validate.py",
+        (("        return (*((type(o), o) for o in others),\n", "        return (*(),\n"),),
+        SELECT_TESTS + ("tests/test_paged_attention.py",), "a call whose sampling mode or "
+        "scale differs from a checked call's skips the checks (an infinite scale passes)",
         keyword="checked_once",
+    ),
+    Mutation(
+        "checks-cached-without-dtype", "wedlm_kernels/ops/_validate.py",
+        (("                *((t.dtype, t.shape, t.stride(), t.device) for t in tensors))",
+          "                *((t.shape, t.stride(), t.device) for t in tensors))"),),
+        SELECT_TESTS + ("tests/test_paged_attention.py",), "a call whose dtypes differ from a "
+        "checked call's skips the checks", keyword="checked_once",
     ),
     Mutation(
         "select-host-nan-temperature-greedy", SELECT,

@@ -336,6 +336,33 @@ def test_paged_attention_rejects_bad_arguments(override, error, name):
         wk.paged_attention(**_valid_args(**override))
 
 
+def test_arguments_are_checked_once_per_signature_and_every_new_signature_is_checked(
+        monkeypatch):
+    """A decode loop's repeated calls pay the checks once per signature (dtypes, shapes,
+    strides, devices, scale); a call that differs in any of them is checked again."""
+    from wedlm_kernels.ops import attention as attention_module
+    from wedlm_kernels.ops._validate import CheckedSignatures
+
+    calls = []
+    check = attention_module._check_arguments
+    monkeypatch.setattr(attention_module, "_check_arguments",
+                        lambda *args: calls.append(1) or check(*args))
+    monkeypatch.setattr(attention_module, "_CHECKED", CheckedSignatures())
+    for _ in range(3):
+        wk.paged_attention(**_valid_args())
+    assert len(calls) == 1
+    wk.paged_attention(**_valid_args(scale=0.25))  # another scale
+    assert len(calls) == 2
+    with pytest.raises(TypeError, match="`v_cache`"):  # another dtype
+        wk.paged_attention(**_valid_args(v_cache=torch.zeros(4, 2, 2, 8).half()))
+    with pytest.raises(ValueError, match="`q`"):  # another stride
+        wk.paged_attention(**_valid_args(q=torch.randn(6, 4, 16)[..., ::2]))
+    with pytest.raises(ValueError, match="`scale`"):
+        wk.paged_attention(**_valid_args(scale=float("inf")))
+    with pytest.raises(ValueError, match="`ctx_len`"):  # another shape
+        wk.paged_attention(**_valid_args(ctx_len=_lengths([1, 0, 0])))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
 def test_paged_attention_rejects_tensors_on_different_devices():
     with pytest.raises(ValueError, match="`ctx_len`"):

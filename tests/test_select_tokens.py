@@ -724,12 +724,13 @@ def test_arguments_are_checked_once_per_signature_and_every_new_signature_is_che
     """A decode loop's repeated calls pay the checks once per signature (dtypes, shapes,
     strides, devices, mode); a call that differs in any of them is checked again."""
     from wedlm_kernels.ops import select as select_module
+    from wedlm_kernels.ops._validate import CheckedSignatures
 
     calls = []
     check = select_module._check_arguments
     monkeypatch.setattr(select_module, "_check_arguments",
                         lambda *args: calls.append(1) or check(*args))
-    monkeypatch.setattr(select_module, "_CHECKED", set())
+    monkeypatch.setattr(select_module, "_CHECKED", CheckedSignatures())
     args = one_sequence([[0.0, 1.0, 2.0], [3.0, 1.0, 0.5]], [4, 5])
     for _ in range(3):
         wk.select_tokens(*args, sampling="greedy")

@@ -10,7 +10,7 @@ Value checks that do need a synchronisation live in :func:`debug_check` and only
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -172,3 +172,35 @@ def debug_check(condition: torch.Tensor | bool, message: str) -> None:
     ok = bool(condition.all()) if isinstance(condition, torch.Tensor) else bool(condition)
     if not ok:
         raise ValueError(message)
+
+
+class CheckedSignatures:
+    """The argument signatures that passed an op's checks, so that a decode loop's repeated
+    calls pay the checks once per signature: each tensor's dtype, shape, strides and device,
+    and the other arguments' values (plain ``str``, ``int``, ``float`` or ``bool``). A call
+    under tracing (``torch.compile``), with a tensor subclass or with another kind of
+    argument is checked every time. At most ``limit`` signatures are kept."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.seen: set[tuple] = set()
+        self.limit = limit
+
+    def check(self, check: Callable[..., None], tensors: tuple, *others) -> None:
+        """``check(*tensors, *others)``, unless this signature has passed it before."""
+        signature = self.signature(tensors, others)
+        if signature is not None and signature in self.seen:
+            return
+        check(*tensors, *others)
+        if signature is not None:
+            if len(self.seen) >= self.limit:
+                self.seen.clear()
+            self.seen.add(signature)
+
+    @staticmethod
+    def signature(tensors: tuple, others: tuple) -> tuple | None:
+        if (torch.compiler.is_compiling()
+                or not all(type(t) is torch.Tensor for t in tensors)
+                or not all(type(o) in (str, int, float, bool) for o in others)):
+            return None
+        return (*((type(o), o) for o in others),
+                *((t.dtype, t.shape, t.stride(), t.device) for t in tensors))

@@ -24,6 +24,7 @@ from . import _dispatch
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
 from ._validate import (
     FLOAT_DTYPES,
+    CheckedSignatures,
     Dims,
     check_float,
     check_same_device,
@@ -93,6 +94,21 @@ def paged_attention(
     >>> out.shape
     torch.Size([7, 8, 64])
     """
+    _CHECKED.check(_check_arguments, (q, k_cache, v_cache, block_table, query_start, ctx_len),
+                   scale)
+    if _backend.DEBUG:
+        _debug_check_values(block_table, query_start, ctx_len, q.shape[0], k_cache)
+    return _dispatch.call(
+        "paged_attention", q, k_cache, v_cache, block_table, query_start, ctx_len, float(scale)
+    )
+
+
+# The argument signatures (dtypes, shapes, strides, devices, scale) that passed the checks:
+# a decode loop's calls are checked once per shape.
+_CHECKED = CheckedSignatures()
+
+
+def _check_arguments(q, k_cache, v_cache, block_table, query_start, ctx_len, scale) -> None:
     dims = Dims()
     check_tensor("q", q, FLOAT_DTYPES, ("N", "Hq", "D"), dims, unit_last_stride=True)
     cache_shape = ("num_pages", "page_size", "Hkv", "D")
@@ -120,11 +136,6 @@ def paged_attention(
     check_same_device(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
         query_start=query_start, ctx_len=ctx_len,
-    )
-    if _backend.DEBUG:
-        _debug_check_values(block_table, query_start, ctx_len, dims["N"], k_cache)
-    return _dispatch.call(
-        "paged_attention", q, k_cache, v_cache, block_table, query_start, ctx_len, float(scale)
     )
 
 

@@ -23,7 +23,14 @@ import triton.language as tl
 from .. import _backend
 from . import _dispatch, philox
 from ._triton import POINTER_TYPES, KernelVariant, next_power_of_2
-from ._validate import FLOAT_DTYPES, Dims, check_same_device, check_tensor, debug_check
+from ._validate import (
+    FLOAT_DTYPES,
+    CheckedSignatures,
+    Dims,
+    check_same_device,
+    check_tensor,
+    debug_check,
+)
 from .philox import gumbel_from_word, philox4x32_words, philox_gumbel
 
 
@@ -114,14 +121,8 @@ def select_tokens(
     >>> token.tolist(), selected.tolist()
     ([1, 0, 0], [True, False, True])
     """
-    arguments = (logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty, seed)
-    signature = _signature(arguments, sampling)
-    if signature is None or signature not in _CHECKED:
-        _check_arguments(*arguments, sampling)
-        if signature is not None:
-            if len(_CHECKED) >= 4096:
-                _CHECKED.clear()
-            _CHECKED.add(signature)
+    _CHECKED.check(_check_arguments, (logits, cu_rows, row_pos, temperature, top_k, top_p,
+                                      threshold, penalty, seed), sampling)
     if _backend.DEBUG:
         num_rows = logits.shape[0]
         debug_check(cu_rows[0] >= 0, "cu_rows[0] must be >= 0")
@@ -133,17 +134,9 @@ def select_tokens(
     )
 
 
-# The argument signatures (types, dtypes, shapes, strides, devices, mode) that passed the
-# checks, so that a decode loop's calls are checked once per shape (in plain eager mode: a
-# traced call checks every time).
-_CHECKED: set[tuple] = set()
-
-
-def _signature(arguments: tuple, sampling: object) -> tuple | None:
-    if (type(sampling) is not str or torch.compiler.is_compiling()
-            or not all(type(a) is torch.Tensor for a in arguments)):
-        return None
-    return (sampling, *((a.dtype, a.shape, a.stride(), a.device) for a in arguments))
+# The argument signatures (dtypes, shapes, strides, devices, mode) that passed the checks:
+# a decode loop's calls are checked once per shape.
+_CHECKED = CheckedSignatures()
 
 
 def _check_arguments(logits, cu_rows, row_pos, temperature, top_k, top_p, threshold, penalty,

@@ -55,8 +55,9 @@ bench-host: $(STAMP)
 	$(PY) -m bench.host_time
 
 # sm_90 compile facts of select_tokens' kernels (registers, spills, shared memory, programs and
-# bytes in flight per SM, launches and launcher host time per call), no GPU needed:
-# bench/results/sm90_compile/select_tokens.{json,md}
+# bytes in flight per SM, launches and launcher host time per call) and paged_attention's
+# (schedules, key/value/partial bytes and the chosen tiles' compile facts and pipeline at the
+# benchmark shapes), no GPU needed: bench/results/sm90_compile/{select_tokens,paged_attention}.*
 compile-facts: $(STAMP)
 	$(PY) -m bench.compile_facts
 	$(PY) -m bench.attention_facts

@@ -133,6 +133,21 @@ MUTATIONS: list[Mutation] = [
         SELECT_TESTS, "top-k drops the k-th largest value and its ties",
     ),
     Mutation(
+        "cached-launch-grid-not-padded", "wedlm_kernels/ops/_triton.py",
+        (("handle[(*grid, *(1,) * (3 - len(grid)))](*args, *constexprs)",
+          "handle[grid](*args, *constexprs)"),),
+        ("tests/test_cached_launch.py",), "a kept handle gets a launch's 1- or 2-D grid as "
+        "given (a compiled kernel reads three dimensions: IndexError at every repeat of the "
+        "combine kernel's launch)",
+    ),
+    Mutation(
+        "cached-launch-constexprs-by-specialisation", "wedlm_kernels/ops/_triton.py",
+        (("               *constexprs,  # (by value, as Triton compiles them)",
+          "               *map(_specialisation, constexprs),"),),
+        ("tests/test_cached_launch.py",), "a launch with another BLOCK_D (32 and 64 are both "
+        "multiples of 16) reuses the other's handle: half the head computed",
+    ),
+    Mutation(
         "checks-cached-without-the-other-arguments", "wedlm_kernels/ops/_validate.py",
         (("        return (*((type(o), o) for o in others),\n", "        return (*(),\n"),),
         SELECT_TESTS + ("tests/test_paged_attention.py",), "a call whose sampling mode or "

@@ -814,22 +814,24 @@ def test_bf16_equals_sdpa_on_the_gathered_cache_on_gpu(rows, context):
 @pytest.mark.cuda
 def test_kept_launch_handles_are_the_kernels_triton_picks(monkeypatch):
     """Launches through kept compiled handles (ops/_triton.CachedLaunch) at specialisations
-    that differ in what Triton specialises on (dtype, one page id per key or per tile, one
-    split or several merged either way): with WEDLM_KERNELS_DEBUG Triton's own choice is
-    checked at every launch, and the outputs equal the PyTorch implementation's."""
+    that differ in what Triton specialises on (dtype, head size and so BLOCK_D, one page id
+    per key or per tile, one split or several merged either way, the default schedule's
+    tiles): with WEDLM_KERNELS_DEBUG Triton's own choice is checked at every launch, and
+    the outputs equal the PyTorch implementation's."""
     from wedlm_kernels import _backend
 
     monkeypatch.setattr(_backend, "DEBUG", True)
     g = torch.Generator().manual_seed(12)
     cases = []
-    for dtype, page_size, num_splits, merge in ((torch.bfloat16, 16, 1, None),
-                                                (torch.float16, 64, 3, "combine"),
-                                                (torch.bfloat16, 64, 4, "last_program"),
-                                                (torch.float32, 16, 2, "combine")):
+    for dtype, head_dim, page_size, num_splits, merge in (
+            (torch.bfloat16, 64, 16, 1, None), (torch.bfloat16, 32, 16, 1, None),
+            (torch.float16, 64, 64, 3, "combine"), (torch.bfloat16, 128, 64, 4, "last_program"),
+            (torch.float32, 64, 16, 2, "combine"), (torch.bfloat16, 128, 16, None, None),
+            (torch.bfloat16, 64, 16, None, None)):
         ctx, rows = 200, 6
         table, num_pages = _scattered_layout([ctx, 37], [rows, rows], rows, page_size, 1, g)
-        q = torch.randn(2, rows, 8, 64, generator=g).to(dtype).to(DEVICE)
-        k_cache, v_cache = _caches(num_pages, page_size, 2, 64, dtype, g)
+        q = torch.randn(2, rows, 8, head_dim, generator=g).to(dtype).to(DEVICE)
+        k_cache, v_cache = _caches(num_pages, page_size, 2, head_dim, dtype, g)
         cases.append(((q, k_cache, v_cache, _table(table), _lengths([ctx, 37]),
                        _lengths([rows, rows]), 0.125), dict(num_splits=num_splits, merge=merge)))
     for args, schedule in cases * 2:  # the second round reuses the kept handles

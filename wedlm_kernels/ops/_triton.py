@@ -106,7 +106,8 @@ class CachedLaunch:
     each specialisation, skipping Triton's argument binding and cache lookup (tens of
     microseconds of host time a launch). The first launch of a specialisation goes through
     Triton and keeps the handle it returns; the key (:func:`_specialisation` of every
-    argument, the constexprs, the device) is at least as fine as Triton's, so a handle is
+    argument, the constexprs' values, the launch options and the current device, on which
+    Triton compiles, loads and launches) is at least as fine as Triton's, so a handle is
     never reused for a launch Triton would compile differently. ``WEDLM_KERNELS_DEBUG=1``
     asks Triton for its choice at every launch and checks it is the kept handle. CPU tensors
     (Triton's interpreter) always go through Triton."""
@@ -124,8 +125,8 @@ class CachedLaunch:
         if not args[0].is_cuda:
             return launch(*args, num_warps=num_warps, **constexprs_and_options)
         constexprs = [constexprs_and_options[name] for name in self.parameters[len(args):]]
-        key = (args[0].device.index, num_warps, *map(_specialisation, args),
-               *map(_specialisation, constexprs),
+        key = (torch.cuda.current_device(), num_warps, *map(_specialisation, args),
+               *constexprs,  # (by value, as Triton compiles them)
                tuple(sorted((name, value) for name, value in constexprs_and_options.items()
                             if name not in self.parameters)))
         handle = self.handles.get(key)
@@ -140,5 +141,7 @@ class CachedLaunch:
             if chosen is not handle:
                 raise AssertionError(f"{self.parameters}: the kept handle of {key} is not the "
                                      "kernel Triton picks")
-        handle[grid](*args, *constexprs)
+        # (Triton's own launch pads the grid to three dimensions; a compiled handle reads
+        # all three)
+        handle[(*grid, *(1,) * (3 - len(grid)))](*args, *constexprs)
         return None

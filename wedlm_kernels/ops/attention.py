@@ -382,7 +382,7 @@ def paged_attention_fake(
 # stores its normalised partial output o_s = acc_s / l_s and lse_s = m_s + log2(l_s); the
 # merge combines, per row, the splits that hold keys of that row:
 #     out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M),   M = max_s lse_s.
-# The merge (_merge_splits) runs in a second launch, the combine kernel, or, with
+# The merge (_merge_program) runs in a second launch, the combine kernel, or, with
 # MERGE_IN_KERNEL, in the attention launch itself: every split program of a query tile
 # (those without keys and the padding tiles' too) takes a ticket of its (tile, KV head), an
 # atomic count zeroed before the launch, after its partials are stored; the program that
@@ -425,63 +425,6 @@ COMBINE_UNSPECIALISED = (
     "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads", "group",
     "page_size", "table_width", "num_splits",
 )
-
-
-@triton.jit
-def _merge_splits(
-    partial_out_ptr, partial_lse_ptr, out_ptr, kv_head, tile, first_row_of_sequence, live,
-    ctx, is_sequence, sequence, num_rows, kv_heads, group, head_dim, capacity, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """Merge the split partials of one query tile of (row, head) pairs (``BLOCK_M`` pairs
-    from ``tile * BLOCK_M`` of its sequence, KV head ``kv_head``) into ``out``: padding rows
-    zero, rows without a visible key or past the page table NaN. ``ctx`` is clamped as the
-    attention kernel clamps it. Partials are read past the L1 cache (``.cg``): other
-    programs of the launch may have written them."""
-    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row = pair // group
-    q_head = kv_head * group + pair % group
-    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
-    packed_row = (first_row_of_sequence + row).to(tl.int64)
-    last_key = ctx + row
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < head_dim
-
-    # the chunking of the attention kernel: row j's keys 0 .. ctx + j lie in its first
-    # cdiv(ctx + j + 1, keys_per_split) splits, which are the ones written for it
-    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
-    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
-    row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
-    row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)  # [BLOCK_M]
-    pairs = num_rows * group
-    base = kv_head.to(tl.int64) * num_splits * pairs + packed_row * group + pair % group
-    lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    for split in range(num_splits):
-        lse = tl.load(partial_lse_ptr + base + split * pairs, cache_modifier=".cg",
-                      mask=row_live & (split < row_splits), other=-float("inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    denominator = tl.zeros([BLOCK_M], tl.float32)
-    for split in range(num_splits):
-        offsets = base + split * pairs
-        read = row_live & (split < row_splits)
-        lse = tl.load(partial_lse_ptr + offsets, cache_modifier=".cg", mask=read,
-                      other=-float("inf"))
-        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys of the row
-        partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
-                          cache_modifier=".cg", mask=read[:, None] & d_mask[None, :],
-                          other=0.0)
-        acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
-        denominator += weight
-
-    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]
-    row_nan = (last_key < 0) | (last_key >= capacity)
-    out = tl.where(row_nan[:, None], float("nan"), out)
-    out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
-    out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
-    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
-             mask=row_live[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -529,8 +472,10 @@ def _merge_program(
     BLOCK_BATCH: tl.constexpr,
 ):
     """Merge the split partials of this program's query tile (axis 0, ``BLOCK_M`` pairs)
-    and KV head (axis 1): its sequence and context found as the attention kernel finds
-    them."""
+    and KV head (axis 1), its sequence and context found as the attention kernel finds
+    them, into ``out``: padding rows zero, rows without a visible key or past the page table
+    NaN. Partials are read past the L1 cache (``.cg``): other programs of the launch may
+    have written them."""
     sequence, tile, first_row_of_sequence, live = _program_sequence(
         query_start_ptr, query_start_stride, num_rows, num_sequences, group, heaviest_first,
         BLOCK_M, BLOCK_BATCH)
@@ -540,9 +485,50 @@ def _merge_program(
     capacity = table_width * page_size
     ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
     ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
-    _merge_splits(partial_out_ptr, partial_lse_ptr, out_ptr, kv_head, tile,
-                  first_row_of_sequence, live, ctx, is_sequence, sequence, num_rows, kv_heads,
-                  group, head_dim, capacity, num_splits, BLOCK_M, BLOCK_N, BLOCK_D)
+    pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = pair // group
+    q_head = kv_head * group + pair % group
+    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
+    packed_row = (first_row_of_sequence + row).to(tl.int64)
+    last_key = ctx + row
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+
+    # the chunking of the attention kernel: row j's keys 0 .. ctx + j lie in its first
+    # cdiv(ctx + j + 1, keys_per_split) splits, which are the ones written for it
+    sequence_keys = tl.minimum(tl.maximum(ctx + live, 0), capacity)
+    keys_per_split = tl.maximum(tl.cdiv(tl.cdiv(sequence_keys, num_splits), BLOCK_N), 1) * BLOCK_N
+    row_keys = tl.minimum(tl.maximum(last_key + 1, 0), capacity)
+    row_splits = tl.where(is_sequence, tl.cdiv(row_keys, keys_per_split), 0)  # [BLOCK_M]
+    pairs = num_rows * group
+    base = kv_head.to(tl.int64) * num_splits * pairs + packed_row * group + pair % group
+    lse_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    for split in range(num_splits):
+        lse = tl.load(partial_lse_ptr + base + split * pairs, cache_modifier=".cg",
+                      mask=row_live & (split < row_splits), other=-float("inf"))
+        lse_max = tl.maximum(lse_max, lse)
+    lse_ref = tl.where(lse_max == -float("inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    denominator = tl.zeros([BLOCK_M], tl.float32)
+    for split in range(num_splits):
+        offsets = base + split * pairs
+        read = row_live & (split < row_splits)
+        lse = tl.load(partial_lse_ptr + offsets, cache_modifier=".cg", mask=read,
+                      other=-float("inf"))
+        weight = tl.exp2(lse - lse_ref)  # 0 for a split without keys of the row
+        partial = tl.load(partial_out_ptr + offsets[:, None] * head_dim + d[None, :],
+                          cache_modifier=".cg", mask=read[:, None] & d_mask[None, :],
+                          other=0.0)
+        acc += weight[:, None] * partial  # a NaN partial stays NaN, even with weight 0
+        denominator += weight
+
+    out = acc / tl.where(denominator == 0.0, 1.0, denominator)[:, None]
+    row_nan = (last_key < 0) | (last_key >= capacity)
+    out = tl.where(row_nan[:, None], float("nan"), out)
+    out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
+    out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
+             mask=row_live[:, None] & d_mask[None, :])
 
 
 @triton.jit

@@ -35,9 +35,7 @@ every figure is the launcher's own schedule, arithmetic on it, or a compile resu
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -53,10 +51,14 @@ from bench.common import (
     versions,
     write_json,
 )
-from bench.compile_facts import MULTIPROCESSORS, programs_per_sm, ptxas_version
+from bench.compile_facts import (
+    MULTIPROCESSORS,
+    compile_in_child,
+    programs_per_sm,
+    ptxas_version,
+)
 from bench.paged_attention import QWEN3_8B
 
-ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = RESULTS_ROOT / "sm90_compile"
 RULES = ("measured", "fa2")
 MERGES = ("combine", "last_program")
@@ -160,17 +162,6 @@ def compile_variants(names: list[str]) -> dict:
     return facts
 
 
-def compile_in_child(names: list[str]) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    code = ("import json, sys; from bench.attention_facts import compile_variants; "
-            "print(json.dumps(compile_variants(sys.argv[1:])))")
-    done = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling failed:\n{done.stderr[-5000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 # ------------------------------------------------------------------------------- report
 
 
@@ -181,7 +172,7 @@ def build_report(argv: list[str]) -> dict:
                                            for rule in RULES for merge in MERGES]})
     names = sorted({name for case in cases for launch in case["launches"]
                     for name in launch["variants"]})
-    variants = compile_in_child(names)
+    variants = compile_in_child(names, "bench.attention_facts")
     for case in cases:
         for launch in case["launches"]:
             facts = variants[launch["variants"][0]]

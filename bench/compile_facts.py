@@ -174,9 +174,10 @@ def compile_variants(extra: list[str]) -> dict:
     return facts
 
 
-def compile_in_child(extra: list[str]) -> dict:
+def compile_in_child(extra: list[str], module: str = "bench.compile_facts") -> dict:
+    """``module.compile_variants(extra)`` in a child process without TRITON_INTERPRET."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    code = ("import json, sys; from bench.compile_facts import compile_variants; "
+    code = (f"import json, sys; from {module} import compile_variants; "
             "print(json.dumps(compile_variants(sys.argv[1:])))")
     done = subprocess.run([sys.executable, "-c", code, *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=3600)

@@ -482,25 +482,23 @@ def summarise(report: dict) -> dict:
         "prefill_min_speedup_over_sdpa": common.extreme(
             [common.figure(c, "speedup", "triton_over_sdpa", "graph") for c in prefill], min),
         # the FA2 split rule against the measured one (> 1: FA2's is faster), decode cases
-        "fa2_over_measured_decode_min": common.extreme(
-            [common.ratio(common.median_us(c, "triton", "graph"),
-                          common.median_us(c, "triton_fa2", "graph")) for c in decode], min),
-        "fa2_over_measured_decode_max": common.extreme(
-            [common.ratio(common.median_us(c, "triton", "graph"),
-                          common.median_us(c, "triton_fa2", "graph")) for c in decode], max),
+        "fa2_over_measured_decode_min": speedup_over_default("triton_fa2", decode, min),
+        "fa2_over_measured_decode_max": speedup_over_default("triton_fa2", decode, max),
         # the one-launch merge against the combine launch (> 1: one launch is faster)
-        "merged_over_combine_decode_min": common.extreme(
-            [common.ratio(common.median_us(c, "triton", "graph"),
-                          common.median_us(c, "triton_merged", "graph")) for c in decode], min),
-        "merged_over_combine_decode_max": common.extreme(
-            [common.ratio(common.median_us(c, "triton", "graph"),
-                          common.median_us(c, "triton_merged", "graph")) for c in decode], max),
+        "merged_over_combine_decode_min": speedup_over_default("triton_merged", decode, min),
+        "merged_over_combine_decode_max": speedup_over_default("triton_merged", decode, max),
         # the heaviest query tiles first against the forward order (> 1: faster), prefill
-        "heaviest_first_over_forward_prefill_min": common.extreme(
-            [common.ratio(common.median_us(c, "triton", "graph"),
-                          common.median_us(c, "triton_heaviest_first", "graph"))
-             for c in prefill], min),
+        "heaviest_first_over_forward_prefill_min": speedup_over_default(
+            "triton_heaviest_first", prefill, min),
     }
+
+
+def speedup_over_default(impl: str, cases: list[dict], pick: Callable) -> float | None:
+    """``pick`` (min or max) over ``cases`` of the default kernel's graph-mode time over
+    ``impl``'s (> 1: ``impl`` is faster); None where a case lacks either."""
+    return common.extreme([common.ratio(common.median_us(c, "triton", "graph"),
+                                        common.median_us(c, impl, "graph")) for c in cases],
+                          pick)
 
 
 def write_outputs(run: common.OpRun, report: dict, final: bool) -> None:

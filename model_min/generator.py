@@ -296,6 +296,12 @@ class Generator:
         (1 to ``W`` slots, :mod:`wedlm_kernels.window_policy`; docs/algorithm.md, "The
         adaptive window"). Block-wise and AR decoding, and requests with a grammar, keep
         their windows.
+    min_window : int, optional
+        The adaptive window's floor, 1 .. ``window`` (at most the window a ``generate``
+        call decodes with): the masks a sequence keeps however little it commits. None
+        (default): derived from the device's row budget and ``max_batch``
+        (``AdaptiveWindow.for_batch``). The vLLM plugin's ``min_window`` is the same
+        setting.
 
     Notes
     -----
@@ -319,6 +325,7 @@ class Generator:
         grammar_drafts: bool = True,
         row_readback: str = "auto",
         window_policy: str = "fixed",
+        min_window: int | None = None,
     ) -> None:
         self.auto_window = isinstance(window, str) and window == "auto"
         if self.auto_window:
@@ -344,6 +351,9 @@ class Generator:
         if window_policy not in rp.WINDOW_POLICIES:
             raise ValueError(f"window_policy must be one of {rp.WINDOW_POLICIES}, got "
                              f"{window_policy!r}")
+        if min_window is not None:
+            min_window = rp.window(min_window, "min_window", window)
+        self.min_window = min_window
         self.grammar_drafts = grammar_drafts
         self.row_readback = row_readback
         self.window_policy = window_policy
@@ -431,7 +441,9 @@ class Generator:
         self._adaptive = mode == "streaming" and any(self._adapts(r) for r in requests)
         self._policy = wk.AdaptiveWindow.for_batch(
             self.window, self.max_batch,
-            window_policy.ROW_BUDGETS.get(self._device.type, MEMORY_BOUND_ROWS))
+            window_policy.ROW_BUDGETS.get(self._device.type, MEMORY_BOUND_ROWS)
+        ) if self.min_window is None else wk.AdaptiveWindow(
+            max_window=self.window, min_window=min(self.min_window, self.window))
         self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):

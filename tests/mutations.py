@@ -1032,6 +1032,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_window_policy.py",), "a one-mask window never tries two masks again",
         keyword="probes or grows_back",
     ),
+    Mutation(
+        "window-policy-unfed-sequence-restarts-its-probe-count", "wedlm_kernels/window_policy.py",
+        (("                        torch.where(fed_any, 0, state.one_slot_steps))",
+          "                        0)"),),
+        ("tests/test_window_policy.py",), "a step that feeds a sequence nothing (a resumed "
+        "request's prefill) puts off its next probe", keyword="fed_nothing",
+    ),
 ]
 
 # The vLLM plugin's entries: their tests need vLLM, so they run in .venv-vllm
@@ -1072,8 +1079,9 @@ VLLM_MUTATIONS = [
     ),
     Mutation(
         "vllm-preempted-request-loses-its-window", VLLM_STATE,
-        (('self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled")',
-          "self._window_columns = columns()"),),
+        (('self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled",\n'
+          '                                       "commit_rate", "one_slot_steps")',
+          'self._window_columns = columns("commit_rate", "one_slot_steps")'),),
         ("tests/vllm_plugin/test_vllm_requests.py",), "a resumed request restarts its window "
         "from its committed tokens: the filled, uncommitted slots it left are lost",
         keyword="preempted",
@@ -1304,6 +1312,36 @@ VLLM_MUTATIONS += [
           "        if used[\"allowed\"]:  # every admitted request sets its slot's row\n"),),
         VLLM_RULES, "a request without allowed_token_ids inherits the bitmask its slot's "
         "previous request left", keyword="forgets_the_rules",
+    ),
+]
+VLLM_WINDOW_POLICY = ("tests/vllm_plugin/test_vllm_window_policy.py",)
+VLLM_MUTATIONS += [
+    Mutation(
+        "vllm-adaptive-window-never-resized", VLLM_STATE,
+        (("        if adaptive:  # each adaptive window resized", "        if False:  # ("),),
+        VLLM_WINDOW_POLICY, "an adaptive request keeps the fixed window (the policy's choice "
+        "is dropped)", keyword="equal_model_min",
+    ),
+    Mutation(
+        "vllm-request-window-policy-ignored", VLLM_STATE,
+        (('        self._adaptive[slot] = (settings.window_policy == "adaptive"',
+          '        self._adaptive[slot] = (self.settings.window_policy == "adaptive"'),),
+        VLLM_WINDOW_POLICY, "a request's wedlm_window_policy is ignored for the engine's",
+        keyword="chooses or fixed_request",
+    ),
+    Mutation(
+        "vllm-adaptive-window-ignores-the-requests-window", VLLM_STATE,
+        (("                                       max_window=state.request_window.index_select("
+          "0, slots))",
+          "                                       )"),),
+        VLLM_WINDOW_POLICY, "a request with a window of its own grows to the engine's window",
+        keyword="chooses",
+    ),
+    Mutation(
+        "vllm-preempted-request-loses-its-window-policy", VLLM_STATE,
+        (('                                       "commit_rate", "one_slot_steps")', ")"),),
+        VLLM_WINDOW_POLICY, "a resumed request restarts the adaptive window's estimate "
+        "(a new request's rate and probe count)", keyword="preempted",
     ),
 ]
 VLLM_LOGPROBS = ("tests/vllm_plugin/test_vllm_logprobs.py",)

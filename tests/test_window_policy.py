@@ -90,12 +90,34 @@ def test_each_sequence_follows_its_own_history_within_the_bounds(steps, low, hig
     assert batch.commit_rate[1] == alone.commit_rate[0]
 
 
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=12),
+       st.lists(st.integers(1, 16), min_size=3, max_size=3), st.integers(1, 16))
+def test_a_sequences_own_window_runs_the_rule_with_that_window(steps, windows, floor):
+    # an engine of W = 16 whose requests chose windows of their own: each sequence decodes
+    # as under a policy of its own W and the floor min(engine floor, W)
+    policy = wk.AdaptiveWindow(max_window=16, min_window=floor, probe_every=2)
+    batch = wk.new_policy_state(3, policy)
+    own = [wk.AdaptiveWindow(max_window=w, min_window=min(floor, w), probe_every=2)
+           for w in windows]
+    alone = [wk.new_policy_state(1, p) for p in own]
+    for fed, decided in steps:
+        decided = min(decided, fed)
+        many = wk.next_window_lengths(torch.tensor([fed] * 3), torch.tensor([decided] * 3),
+                                      batch, policy, max_window=torch.tensor(windows))
+        for i, (p, state) in enumerate(zip(own, alone)):
+            assert int(many[i]) == int(lengths([fed], [decided], state, p)[0])
+
+
 def test_a_sequence_fed_nothing_keeps_its_state():
     policy = wk.AdaptiveWindow(max_window=8)
     state = wk.new_policy_state(2, policy)
     state.commit_rate.copy_(torch.tensor([3.0, 5.5]))
+    state.one_slot_steps.copy_(torch.tensor([5, 0]))
     out = lengths([0, 0], [0, 0], state, policy)
     assert out.tolist() == [3, 6] and state.commit_rate.tolist() == [3.0, 5.5]
+    # ... its one-mask steps too: a step that only prefills it (a resumed request in the
+    # vLLM plugin) does not put off its probe
+    assert state.one_slot_steps.tolist() == [5, 0]
 
 
 def test_window_masks_counts_live_masks_and_checks_its_arguments_by_name():
@@ -114,6 +136,9 @@ def test_policy_inputs_are_checked_by_name():
         wk.next_window_lengths(torch.tensor([1, 2]), torch.tensor([1]), state, policy)
     with pytest.raises(TypeError, match="fed"):
         wk.next_window_lengths(torch.tensor([1.0, 2.0]), torch.tensor([1, 1]), state, policy)
+    with pytest.raises(ValueError, match="max_window"):
+        wk.next_window_lengths(torch.tensor([1, 2]), torch.tensor([1, 1]), state, policy,
+                               max_window=torch.tensor([4]))
 
 
 # ------------------------------------------------------------------------ resize_windows
@@ -248,6 +273,27 @@ def test_a_floor_of_the_whole_window_decodes_exactly_as_the_fixed_window(tiny, p
     adaptive = decode(tiny, PROMPTS, max_batch=1, **params)
     assert [(r.token_ids, r.forwards, r.rows) for r in adaptive] == [
         (r.token_ids, r.forwards, r.rows) for r in fixed]
+
+
+def test_an_explicit_floor_replaces_the_one_derived_from_the_batch(tiny):
+    # min_window=W at max_batch 16 (whose derived floor is one mask): the fixed window's
+    # tokens and rows; min_window=1 at max_batch 1 (derived floor: W): fewer rows
+    from model_min import Generator, SamplingParams
+
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=5)
+
+    def run(**settings):
+        generator = Generator(model, window=8, tokenizer=tokenizer, **settings)
+        return [(r.token_ids, r.rows) for r in generator.generate(PROMPTS, params)]
+
+    fixed = run(max_batch=16)
+    assert run(max_batch=16, window_policy="adaptive", min_window=8) == fixed
+    floor_one = run(max_batch=1, window_policy="adaptive", min_window=1)
+    assert sum(rows for _, rows in floor_one) < sum(rows for _, rows in fixed)
+    for bad in (0, 9, 2.0):
+        with pytest.raises((ValueError, TypeError), match="min_window"):
+            Generator(model, window=8, min_window=bad)
 
 
 def test_the_request_field_is_checked_by_name():

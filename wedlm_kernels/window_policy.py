@@ -25,6 +25,9 @@ a step or more later), with ``W = policy.max_window``, the mask slots of its nex
   sequence whose text became predictable grows back within a few steps, and one that stays
   unpredictable pays one extra row every ``probe_every + 1`` steps.
 
+A sequence fed nothing (a step that only prefills it, or leaves it out) keeps its whole
+state: its rate and its count of one-mask steps.
+
 :func:`resize_windows` then gives each window that many slots past its leading filled run
 (the run the next step commits), as the fixed window keeps ``W`` there: with ``W`` slots
 nothing changes.
@@ -168,7 +171,8 @@ def new_policy_state(batch: int, policy: AdaptiveWindow,
 
 
 def next_window_lengths(fed: torch.Tensor, decided: torch.Tensor, state: WindowPolicyState,
-                        policy: AdaptiveWindow) -> torch.Tensor:
+                        policy: AdaptiveWindow,
+                        max_window: torch.Tensor | None = None) -> torch.Tensor:
     """The slots of each sequence's next window past its leading filled run (its "masks":
     the slots a step predicts), updating ``state`` in place.
 
@@ -183,6 +187,11 @@ def next_window_lengths(fed: torch.Tensor, decided: torch.Tensor, state: WindowP
     state : WindowPolicyState
         ``[B]`` tensors on ``fed``'s device (:func:`new_policy_state`).
     policy : AdaptiveWindow
+    max_window : torch.Tensor, optional
+        ``[B]`` int32 or int64, each sequence's own ``W``, 1 .. ``policy.max_window`` (an
+        engine whose requests choose a smaller window than the engine's): the rule runs
+        per sequence with that ``W`` and a floor of ``min(policy.min_window, W)``. None:
+        ``policy.max_window`` for every sequence.
 
     Returns
     -------
@@ -205,22 +214,37 @@ def next_window_lengths(fed: torch.Tensor, decided: torch.Tensor, state: WindowP
     check_tensor("decided", decided, (torch.int32, torch.int64), (batch,))
     check_tensor("state.commit_rate", state.commit_rate, (torch.float32,), (batch,))
     check_tensor("state.one_slot_steps", state.one_slot_steps, (torch.int32,), (batch,))
-    check_same_device(fed=fed, decided=decided, commit_rate=state.commit_rate,
-                      one_slot_steps=state.one_slot_steps)
+    devices = dict(fed=fed, decided=decided, commit_rate=state.commit_rate,
+                   one_slot_steps=state.one_slot_steps)
+    if max_window is not None:
+        check_tensor("max_window", max_window, (torch.int32, torch.int64), (batch,))
+        devices["max_window"] = max_window
+    check_same_device(**devices)
     fed_any = fed > 0
     count = decided.to(torch.float32)
     rate = torch.where(fed_any, state.commit_rate + policy.smoothing
                        * (count - state.commit_rate), state.commit_rate)
-    low, high = policy.min_window, policy.max_window
-    steady = torch.where(rate >= policy.parallel_rate, high, low).to(torch.float32)
-    doubled = (2 * fed).clamp(low, high).to(torch.float32)
-    length = torch.where((fed >= 2) & (decided >= fed), torch.maximum(doubled, steady), steady)
+    # each sequence's bounds [low, high] (a bound outside 1 .. W is clamped into it: no
+    # host read checks it)
+    if max_window is None:
+        high = torch.full_like(rate, policy.max_window)
+    else:
+        high = max_window.to(torch.float32).clamp(1, policy.max_window)
+    low = high.clamp(max=policy.min_window)
+
+    def bounded(value: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.maximum(value.to(torch.float32), low), high)
+
+    steady = torch.where(rate >= policy.parallel_rate, high, low)
+    length = torch.where((fed >= 2) & (decided >= fed),
+                         torch.maximum(bounded(2 * fed), steady), steady)
     one_slot = fed == 1  # (one mask)
-    steps = torch.where(one_slot, state.one_slot_steps + 1, 0)
+    steps = torch.where(one_slot, state.one_slot_steps + 1,
+                        torch.where(fed_any, 0, state.one_slot_steps))
     probe = one_slot & (steps >= policy.probe_every)
-    length = torch.where(one_slot, torch.where(probe, min(max(2, low), high), low), length)
+    length = torch.where(one_slot, torch.where(probe, bounded(low.clamp(min=2)), low), length)
     steps = torch.where(probe, 0, steps)
-    length = torch.where(fed_any, length, torch.ceil(state.commit_rate).clamp(low, high))
+    length = torch.where(fed_any, length, bounded(torch.ceil(state.commit_rate)))
     state.commit_rate.copy_(rate)
     state.one_slot_steps.copy_(steps.to(torch.int32))
     return length.to(torch.int32)

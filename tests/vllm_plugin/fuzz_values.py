@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 
 import model_min
+from wedlm_kernels import AdaptiveWindow
 from wedlm_kernels.requests import params as rp
+from wedlm_kernels.window_policy import ROW_BUDGETS
 
 from .conftest import TINY, WINDOW
 
@@ -20,7 +22,10 @@ MASK_ID = 257
 PROMPT = [72, 101, 108, 108, 111, 32]
 BASE = {"max_tokens": 6, "temperature": 0}
 WEDLM_FIELDS = ("wedlm_window", "wedlm_entropy_threshold", "wedlm_distance_penalty",
-                "wedlm_mode")
+                "wedlm_mode", "wedlm_window_policy")
+# The adaptive window's floor in the fuzzed engines (max_num_seqs 4 on the CPU's row
+# budget), which model_min's one-request Generators are given to decode as they do
+ADAPTIVE_FLOOR = AdaptiveWindow.for_batch(WINDOW, 4, ROW_BUDGETS["cpu"]).min_window
 INF, NAN = math.inf, math.nan
 
 # Every field gets the list: +-inf, NaN, +-1e300, +-3.5e38, 2**31, 2**63, -0.0,
@@ -40,6 +45,7 @@ VALUES = {
     "wedlm_entropy_threshold": COMMON + [0, -0.5, 0.4, 2.5, 3.4e38],
     "wedlm_distance_penalty": COMMON + [0, -0.01, 0.02, 1.5, 3.4e38],
     "wedlm_mode": COMMON + ["streaming", "blockwise", "ar", "STREAMING", 0],
+    "wedlm_window_policy": COMMON + ["fixed", "adaptive", "Adaptive", "auto", 1],
     "prompt": [[MASK_ID] * 3 + PROMPT, [VOCAB - 1, 5], [VOCAB], [-1, 5], [2**63], []],
     # the logit rules (wedlm_kernels.process_logits) and n
     "presence_penalty": COMMON + [0, -2, 2, 2.01, 1.5, -0.5],
@@ -92,6 +98,7 @@ SERVED = {
     "stop_token_ids": [None, [], [MASK_ID], list(range(24)), [32, 101]],
     "wedlm_window": [1, 3, WINDOW], "wedlm_entropy_threshold": [None, 0, 0.4, 2.5, 1e300],
     "wedlm_distance_penalty": [0, -0.0, 0.1, 3.4e38], "wedlm_mode": ["streaming", "blockwise"],
+    "wedlm_window_policy": [None, "fixed", "adaptive"],
     "prompt": [[MASK_ID] * 3 + PROMPT, PROMPT, [VOCAB - 1, 5]],
     "presence_penalty": [0, -2, 1.5], "frequency_penalty": [0, 2, 0.7],
     "repetition_penalty": [1, 0.5, 1.8], "min_p": [0, 0.3, 1], "min_tokens": [0, 3, 6],
@@ -208,7 +215,8 @@ class ModelMinDecoder:
                                                  "structured_outputs"))
         names = {"max_tokens": "max_new_tokens", "wedlm_entropy_threshold": "threshold",
                  "bad_words_token_ids": "bad_words_token_ids", "grammar": "grammar",
-                 "wedlm_distance_penalty": "penalty", **{name: name for name in SAME_NAMES}}
+                 "wedlm_distance_penalty": "penalty", "wedlm_window_policy": "window_policy",
+                 **{name: name for name in SAME_NAMES}}
         try:
             # n: model_min decodes one sequence (vLLM's child 0 has the request's seed);
             # its bound is the shared definition's
@@ -216,8 +224,10 @@ class ModelMinDecoder:
             window = fields.get("wedlm_window", WINDOW)
             key = (type(window), repr(window))  # True == 1, but only 1 is a window
             if key not in self.generators:
+                floor = (min(ADAPTIVE_FLOOR, window) if rp.is_integer(window)
+                         and 1 <= window <= rp.MAX_WINDOW else None)
                 self.generators[key] = model_min.Generator(self.model, window=window,
-                                                           max_batch=1)
+                                                           max_batch=1, min_window=floor)
             generator = self.generators[key]
             params = model_min.SamplingParams(**{names[f]: v for f, v in fields.items()
                                                  if f in names})
@@ -307,6 +317,7 @@ def names_a_field(error: BaseException | str, fields) -> bool:
                "wedlm_window": ("wedlm_window", "window"), "wedlm_mode": ("wedlm_mode", "mode"),
                "wedlm_entropy_threshold": ("wedlm_entropy_threshold", "threshold"),
                "wedlm_distance_penalty": ("wedlm_distance_penalty", "penalty"),
+               "wedlm_window_policy": ("wedlm_window_policy", "window_policy"),
                "structured_outputs": ("structured_outputs", "grammar")}
     return any(name in text for field in fields for name in aliases.get(field, (field,)))
 

@@ -11,10 +11,15 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
                              W + p' its window needs (sized from the previous step's
                              output; vLLM's asynchronous scheduling falls back to "fixed"),
                              or "fixed", the window's capacity 2W (docs/vllm.md, "Rows fed")
+    window_policy     "fixed"  how a streaming window is sized step by step: "fixed" (W
+                             masks) or "adaptive" (1 .. W, from what the request commits;
+                             wedlm_kernels.window_policy, docs/algorithm.md)
+    min_window        null     the adaptive window's floor, 1 .. W; null: derived from the
+                             device's row budget and max_num_seqs (AdaptiveWindow.for_batch)
 
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
-``wedlm_distance_penalty``, ``wedlm_mode``. Every value, these and vLLM's own sampling
+``wedlm_distance_penalty``, ``wedlm_mode``, ``wedlm_window_policy`` (null: the engine's). Every value, these and vLLM's own sampling
 fields, is checked by :mod:`wedlm_kernels.requests.params`, the definition model_min's
 ``SamplingParams`` uses too. This module imports no vLLM.
 """
@@ -32,8 +37,9 @@ REQUEST_KEYS = {
     "wedlm_entropy_threshold": "entropy_threshold",
     "wedlm_distance_penalty": "distance_penalty",
     "wedlm_mode": "mode",
+    "wedlm_window_policy": "window_policy",
 }
-CANVASES = ("live", "fixed")  # engine only: a request cannot choose its rows
+CANVASES = ("live", "fixed")  # engine only: a request cannot choose its rows (nor min_window)
 SettingsError = ParameterError  # a bad setting or request value; ``parameter`` names it
 
 
@@ -47,6 +53,8 @@ class WeDLMSettings:
     distance_penalty: float = 0.02
     mode: str = "streaming"
     canvas: str = "live"
+    window_policy: str = "fixed"
+    min_window: int | None = None
 
     @property
     def canvas_length(self) -> int:
@@ -54,18 +62,25 @@ class WeDLMSettings:
         return 2 * self.window
 
 
-def _checked(values: dict[str, Any], names: dict[str, str], most_window: int | None
-             ) -> WeDLMSettings:
+def _checked(values: dict[str, Any], names: dict[str, str], most_window: int | None,
+             engine_policy: str = "fixed") -> WeDLMSettings:
     """The settings ``values`` (field -> value) as stored; ``names`` maps a field to the name
-    the user gave it (for the error)."""
+    the user gave it (for the error); a window policy of None is ``engine_policy``."""
+    window = rp.window(values["window"], names["window"], most_window)
+    min_window = values["min_window"]  # (an engine setting, checked with the engine's)
+    if min_window is not None and most_window is None:
+        min_window = rp.window(min_window, names["min_window"], window)
     return WeDLMSettings(
-        window=rp.window(values["window"], names["window"], most_window),
+        window=window,
         entropy_threshold=rp.entropy_threshold(values["entropy_threshold"],
                                                names["entropy_threshold"]),
         distance_penalty=rp.distance_penalty(values["distance_penalty"],
                                              names["distance_penalty"]),
         mode=rp.mode(values["mode"], names["mode"]),
         canvas=_canvas(values["canvas"], names.get("canvas", "canvas")),
+        window_policy=rp.window_policy(values["window_policy"], names["window_policy"])
+        or engine_policy,
+        min_window=min_window,
     )
 
 
@@ -97,7 +112,7 @@ def request_settings(engine: WeDLMSettings, extra_args: dict | None) -> WeDLMSet
     values = {**engine.__dict__, **{field: extra[key] for key, field in REQUEST_KEYS.items()
                                     if key in extra}}
     names = {field: f"extra_args[{key!r}]" for key, field in REQUEST_KEYS.items()}
-    return _checked(values, names, engine.window)
+    return _checked(values, names, engine.window, engine.window_policy)
 
 
 @dataclass(frozen=True)

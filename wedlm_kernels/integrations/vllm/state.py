@@ -48,6 +48,7 @@ from wedlm_kernels.requests.params import (
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
 )
+from wedlm_kernels.window_policy import ROW_BUDGETS
 
 from . import live_canvas, structured
 from .scheduler import max_steps_without_commit
@@ -66,6 +67,9 @@ BUFFER_SOURCES = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
     "threshold": "entropy_threshold", "penalty": "distance_penalty", "seed": "seed",
     "block_window": "window", "request_window": "window", "stalled": "loop", "forwards": "loop", "rows": "loop",
+    # the adaptive window (wedlm_kernels.window_policy): whether it sizes the slot's window
+    # (its window_policy and mode) and what it remembers
+    "adaptive": "loop", "commit_rate": "loop", "one_slot_steps": "loop",
     "row_counts": "loop", "_int64": "loop", "_int32": "loop", "_float32": "loop",
     "_bool": "loop", "_host_int32": "loop", "_host_window": "loop", "_saved": "loop",
     "_window_columns": "loop",
@@ -165,6 +169,9 @@ class WeDLMModelState(DefaultModelState):
     stalled      [M] int32     decode steps since the request last committed a token
     forwards     [M] int64     decode forwards the request was live in (model_min's count)
     rows         [M] int64     live window rows it fed
+    adaptive     [M] bool      the adaptive window sizes its window (window_policy)
+    commit_rate  [M] float32   the adaptive window's estimate of its tokens per forward
+    one_slot_steps [M] int32   the adaptive window's one-mask steps in a row
     ============ ============= ====================================================
 
     Storage: the buffers of one dtype are column ranges of one tensor (``_int64``,
@@ -190,6 +197,17 @@ class WeDLMModelState(DefaultModelState):
                                          device=device)
         self.window = self.settings.window
         slots, width = self.max_num_reqs, self.settings.canvas_length
+        # The adaptive window's settings (wedlm_kernels.window_policy): W the engine's window,
+        # the floor the engine's min_window or the device's row budget over max_num_seqs
+        # (the engine's, not a step's batch: a request's windows do not depend on its
+        # batch, and equal model_min's Generator(max_batch=max_num_seqs)'s)
+        if self.settings.min_window is not None:
+            self.window_policy = wk.AdaptiveWindow(max_window=self.window,
+                                                   min_window=self.settings.min_window)
+        else:
+            self.window_policy = wk.AdaptiveWindow.for_batch(self.window, slots, ROW_BUDGETS.get(
+                torch.device(device).type, ROW_BUDGETS["cuda"]))
+        self._adaptive = np.zeros(slots, dtype=bool)  # host copy of `adaptive`
         # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
         # checkpoint's eos ids, checked in the frontend), the generation config's eos ids
         # vLLM adds to them, and the tokenizer's eos
@@ -253,12 +271,14 @@ class WeDLMModelState(DefaultModelState):
                   # win_len and stalled first: the host reads them back every step
                   torch.int32: [("win_len", 1), ("stalled", 1), ("ctx_len", 1),
                                 ("max_new", 1), ("top_k", 1), ("block_window", 1),
-                                ("request_window", 1), ("min_tokens", 1), ("output_start", 1)],
+                                ("request_window", 1), ("min_tokens", 1), ("output_start", 1),
+                                ("one_slot_steps", 1)],
                   torch.float32: [("temperature", 1), ("top_p", 1), ("threshold", 1),
                                   ("penalty", 1), ("presence_penalty", 1),
                                   ("frequency_penalty", 1), ("repetition_penalty", 1),
-                                  ("min_p", 1), ("bias_values", MAX_LOGIT_BIAS)],
-                  torch.bool: [("win_mask", width), ("finished", 1)]}
+                                  ("min_p", 1), ("bias_values", MAX_LOGIT_BIAS),
+                                  ("commit_rate", 1)],
+                  torch.bool: [("win_mask", width), ("finished", 1), ("adaptive", 1)]}
         self._group_span: dict[torch.dtype, tuple[int, int]] = {}
         column = 0
         for dtype, fields in groups.items():
@@ -373,7 +393,8 @@ class WeDLMModelState(DefaultModelState):
                 first, count, _ = self._layout[name]
                 mask[first: first + count] = True
             return mask.to(device)
-        self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled")
+        self._window_columns = columns("win_tokens", "win_mask", "win_len", "stalled",
+                                       "commit_rate", "one_slot_steps")
         self._kept_columns = columns("forwards", "rows", "seed")
         # Output tokens a request had committed each time it resumed after preemption.
         self._restarts: dict[str, list[int]] = {}
@@ -419,6 +440,9 @@ class WeDLMModelState(DefaultModelState):
         self._block_window[slot] = settings.window if settings.mode == "blockwise" else 0
         self._structured[slot] = getattr(params, "structured_outputs", None) is not None
         self._sampling_params[:, slot] = values.temperature, values.top_k, values.top_p
+        # (a grammar walks fixed windows, as in model_min)
+        self._adaptive[slot] = (settings.window_policy == "adaptive"
+                                and settings.mode == "streaming" and not self._structured[slot])
         win_len = min(settings.window, remaining)
         saved_row = -1
         # A request vLLM removed before (preempted, with or without committed tokens)
@@ -450,8 +474,9 @@ class WeDLMModelState(DefaultModelState):
             "frequency_penalty": values.frequency_penalty,
             "repetition_penalty": values.repetition_penalty, "min_p": values.min_p,
             "min_tokens": values.min_tokens, "output_start": len(prompt), "bias_ids": -1,
-            "bias_values": 0.0,
-        }  # stalled, forwards, rows: 0
+            "bias_values": 0.0, "adaptive": int(self._adaptive[slot]),
+            "commit_rate": self.window_policy.parallel_rate + 1.0,  # (new_policy_state's)
+        }  # stalled, forwards, rows, one_slot_steps: 0
         for name, value in values_of.items():
             first, count, dtype = self._layout[name]
             packed[first: first + count] = _stored(name, value, dtype)
@@ -621,7 +646,7 @@ class WeDLMModelState(DefaultModelState):
         if slot is None:
             return
         self._request_of[slot] = ""
-        self._structured[slot] = False
+        self._structured[slot] = self._adaptive[slot] = False
         self._sampling_params[:, slot] = 0.0, 0, 1.0
         self._bad_word_count[slot] = self._bad_word_len[slot] = 0
         count = int(self._num_logprobs[slot])
@@ -1082,6 +1107,28 @@ class WeDLMSampler:
             tail[:, tail.shape[1] - (word_len - 1):])
         return words, step["logit_owner"], row_pos, known, first
 
+    def _resize_windows(self, slots: torch.Tensor, fed: torch.Tensor, decided: torch.Tensor,
+                        win_tokens: torch.Tensor, win_mask: torch.Tensor,
+                        new_len: torch.Tensor, max_new: torch.Tensor, finished: torch.Tensor,
+                        stepped: torch.Tensor) -> None:
+        """The adaptive window after a step's commit (model_min's rule, the request's own
+        window as its ``W``): the policy's state of ``slots`` moves with the masks each
+        window was fed (``fed``) and filled (``decided``), and each adaptive request's
+        window (``win_tokens``, ``win_mask``, ``new_len``: the step's, in place) gets the
+        slots past its leading filled run that the policy gives it."""
+        state = self.state
+        policy_state = wk.WindowPolicyState(state.commit_rate.index_select(0, slots),
+                                            state.one_slot_steps.index_select(0, slots))
+        adaptive = state.adaptive.index_select(0, slots)
+        masks = wk.next_window_lengths(torch.where(adaptive, fed, 0), decided, policy_state,
+                                       state.window_policy,
+                                       max_window=state.request_window.index_select(0, slots))
+        wk.resize_windows(win_tokens, win_mask, new_len, masks, torch.zeros_like(new_len),
+                          max_new, finished, state.mask_token_id, INT32_MAX,
+                          enabled=adaptive & stepped)
+        state.commit_rate.index_copy_(0, slots, policy_state.commit_rate)
+        state.one_slot_steps.index_copy_(0, slots, policy_state.one_slot_steps)
+
     def _keep_logprobs(self, logits: torch.Tensor, token: torch.Tensor, selected: torch.Tensor,
                        cu_rows: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor,
                        owner: torch.Tensor, slots_np: np.ndarray) -> None:
@@ -1228,6 +1275,13 @@ class WeDLMSampler:
             live_len, take(state.request_window))
         commit_limit = None if grammar is None else grammar.commit_limit
         new_len = torch.where(block_window > 0, 0, commit_len).to(torch.int32)
+        # the adaptive window (a host fact: a request of the step uses it): the masks each
+        # window was fed and how many of them the step filled, for its next window's size
+        adaptive = bool(state._adaptive[step["slots_np"]].any())
+        if adaptive:
+            fed = wk.window_masks(win_mask, live_len)
+            filled = (selected & (row_pos >= 0)).to(torch.int32)
+            decided = torch.zeros_like(fed).index_add_(0, step["logit_owner"], filled)
         wk.commit_window(win_tokens, win_mask, new_len, ctx_len, cu_rows, row_pos,
                          token, selected, out_tokens, out_len, finished, stop_ids, max_new,
                          state.window, state.mask_token_id, False, commit_limit)
@@ -1259,6 +1313,9 @@ class WeDLMSampler:
         # window already holds that many slots: this changes nothing there.)
         grown = torch.minimum(take(state.request_window), max_new - committed)
         new_len = torch.where(stepped & ~finished & (new_len < grown), grown, new_len)
+        if adaptive:  # each adaptive window resized to the slots the policy gives it
+            self._resize_windows(slots, fed, decided, win_tokens, win_mask, new_len,
+                                 max_new - committed, finished, stepped)
         # The progress guard counts the steps of every request decoding in this batch,
         # a window of 0 live slots included.
         decoding = (step["num_logits"] > 0) & ~take(state.finished)

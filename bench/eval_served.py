@@ -19,6 +19,9 @@ which lm-eval's ``--gen_kwargs`` puts there. The sweep:
   {0.02, 0.10} x window W in {8, 16};
 - one token per step (threshold 0), at W 16;
 - block-wise (tau 0.4, lambda 0.02, W 16);
+- the adaptive window (``wedlm_window_policy: "adaptive"``, tau 0.4, lambda 0.02, W 16; the
+  engine's floor: one mask at ``max_num_seqs`` 16 on the CPU's row budget), beside the fixed
+  window at the same threshold;
 - AR on the AR server.
 
 Each setting runs greedy and sampled at temperature 0.1 (the paper's) with each seed of
@@ -116,12 +119,16 @@ class Setting:
     threshold: float | None = 0.4  # None: AR
     penalty: float = 0.02
     window: int = ENGINE_WINDOW
+    window_policy: str | None = None  # None: the engine's ("fixed")
 
     def vllm_xargs(self) -> dict | None:
         if self.server == "ar":
             return None
-        return {"wedlm_mode": self.mode, "wedlm_entropy_threshold": self.threshold,
-                "wedlm_distance_penalty": self.penalty, "wedlm_window": self.window}
+        xargs = {"wedlm_mode": self.mode, "wedlm_entropy_threshold": self.threshold,
+                 "wedlm_distance_penalty": self.penalty, "wedlm_window": self.window}
+        if self.window_policy is not None:
+            xargs["wedlm_window_policy"] = self.window_policy
+        return xargs
 
 
 def sweep(quick: bool = False, smoke: bool = False) -> list[Setting]:
@@ -134,6 +141,8 @@ def sweep(quick: bool = False, smoke: bool = False) -> list[Setting]:
                 for t in thresholds for p in penalties for w in windows]
     settings += [Setting("one token per step", "wedlm", "streaming", 0.0, 0.02),
                  Setting("block-wise t0.4 l0.02 W16", "wedlm", "blockwise", 0.4, 0.02),
+                 Setting("adaptive t0.4 l0.02 W16", "wedlm", "streaming", 0.4, 0.02, 16,
+                         "adaptive"),
                  Setting("AR", "ar", threshold=None)]
     return settings
 
@@ -180,9 +189,21 @@ def ar_override(model: str) -> str | None:
     return ar_architecture(json.loads(config.read_text())) if config.exists() else None
 
 
+MAX_NUM_SEQS = 16
+
+
+def adaptive_floor() -> int:
+    """The WeDLM server's adaptive-window floor on the CPU (model_min's check is given it:
+    ``AdaptiveWindow.for_batch`` of the engine's window, ``max_num_seqs`` and row budget)."""
+    from wedlm_kernels import AdaptiveWindow
+    from wedlm_kernels.window_policy import ROW_BUDGETS
+
+    return AdaptiveWindow.for_batch(ENGINE_WINDOW, MAX_NUM_SEQS, ROW_BUDGETS["cpu"]).min_window
+
+
 def server_argv(server: str, model: str, port: int, dtype: str, device: str,
                 max_model_len: int) -> list[str]:
-    max_num_seqs, block_size = 16, 32 if device == "cpu" else 16
+    max_num_seqs, block_size = MAX_NUM_SEQS, 32 if device == "cpu" else 16
     argv = [*VLLM_CLI, "serve", model, "--host", HOST, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
@@ -358,12 +379,13 @@ def model_min_answers(setting: Setting, condition: Condition, prompts: list[str]
 
     model, tokenizer = tiny_model()
     generator = model_min.Generator(model, window=setting.window, tokenizer=tokenizer,
-                                    max_batch=len(prompts))
+                                    max_batch=len(prompts),
+                                    min_window=min(adaptive_floor(), setting.window))
     threshold = setting.threshold if setting.threshold and setting.threshold > 0 else None
     params = model_min.SamplingParams(
         max_new_tokens=MAX_GEN_TOKENS, temperature=condition.temperature,
         seed=condition.seed, stop_token_ids=EOS_IDS, threshold=threshold,
-        penalty=setting.penalty)
+        penalty=setting.penalty, window_policy=setting.window_policy)
     results = generator.generate(prompts, params, mode=setting.mode)
     answers = [result.text.split("\n", 1)[0] for result in results]
     if any("\n" in result.text for result in results):
@@ -652,7 +674,8 @@ def settings_of(rows: list[dict]) -> list[Setting]:
         settings.append(Setting(row["setting"], "ar", threshold=None) if xargs is None else
                         Setting(row["setting"], "wedlm", xargs["wedlm_mode"],
                                 xargs["wedlm_entropy_threshold"],
-                                xargs["wedlm_distance_penalty"], xargs["wedlm_window"]))
+                                xargs["wedlm_distance_penalty"], xargs["wedlm_window"],
+                                xargs.get("wedlm_window_policy")))
     return settings
 
 
@@ -699,6 +722,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lm-eval", default=str(DEFAULT_LM_EVAL),
                         help="the lm_eval executable (make eval builds .venv-eval)")
     parser.add_argument("--out-dir", help="default: bench/results/<device>/")
+    parser.add_argument("--only", help="run only these settings of the sweep (their names, "
+                        "comma-separated); the results are named eval_served_only unless "
+                        "--name says otherwise")
+    parser.add_argument("--name", help="the results' file name (default: eval_served, "
+                        "eval_served_quick, eval_served_smoke or eval_served_only)")
     return parser.parse_args(argv)
 
 
@@ -728,6 +756,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = sweep(args.quick, args.smoke)
     if args.smoke:
         settings = settings[:1]
+    if args.only:
+        wanted = [name.strip() for name in args.only.split(",")]
+        unknown = sorted(set(wanted) - {setting.name for setting in settings})
+        if unknown:
+            raise SystemExit(f"--only: no setting named {unknown} in the sweep "
+                             f"({[setting.name for setting in settings]})")
+        settings = [setting for setting in settings if setting.name in wanted]
     with tempfile.TemporaryDirectory(prefix="wedlm-eval-") as scratch:
         model = args.model or str(write_checkpoint(Path(scratch) / "tiny-qwen3"))
         plan = Plan(settings, conditions, args.tasks.split(","), limit, samples, check_items,
@@ -775,7 +810,8 @@ def run(plan: Plan, args: argparse.Namespace, argv: list[str], out_dir: Path,
              for name, figures in (runs[0]["tasks"].items() if runs else ())}
     report = {
         "benchmark": MODULE,
-        "name": NAME + ("_smoke" if args.smoke else "_quick" if args.quick else ""),
+        "name": args.name or NAME + ("_smoke" if args.smoke else "_quick" if args.quick
+                                     else "_only" if args.only else ""),
         "date": utc_now(), "label": CPU_LABEL if plan.device == "cpu" else "GPU measurement",
         "device": device_facts(plan.device), "machine": machine_facts(plan.device),
         "command": command_line(MODULE, argv),

@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="print the server and client commands, run nothing")
     args = parser.parse_args(argv)
     profile = serve.make_profile(argparse.Namespace(
-        device="cpu", quick=False, concurrency=[args.concurrency], window=None,
+        device="cpu", quick=False, concurrency=[args.concurrency], window=8,
         input_len=None, output_len=None, max_model_len=None, repeats=args.repeats,
         enforce_eager=True, seed=0))
     if args.dry_run:

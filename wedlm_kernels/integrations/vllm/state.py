@@ -48,7 +48,6 @@ from wedlm_kernels.requests.params import (
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
 )
-from wedlm_kernels.window_policy import ROW_BUDGETS
 
 from . import live_canvas, structured
 from .scheduler import max_steps_without_commit
@@ -205,8 +204,7 @@ class WeDLMModelState(DefaultModelState):
             self.window_policy = wk.AdaptiveWindow(max_window=self.window,
                                                    min_window=self.settings.min_window)
         else:
-            self.window_policy = wk.AdaptiveWindow.for_batch(self.window, slots, ROW_BUDGETS.get(
-                torch.device(device).type, ROW_BUDGETS["cuda"]))
+            self.window_policy = wk.AdaptiveWindow.for_device(self.window, slots, device)
         self._adaptive = np.zeros(slots, dtype=bool)  # host copy of `adaptive`
         # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
         # checkpoint's eos ids, checked in the frontend), the generation config's eos ids

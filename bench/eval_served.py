@@ -194,11 +194,10 @@ MAX_NUM_SEQS = 16
 
 def adaptive_floor() -> int:
     """The WeDLM server's adaptive-window floor on the CPU (model_min's check is given it:
-    ``AdaptiveWindow.for_batch`` of the engine's window, ``max_num_seqs`` and row budget)."""
+    ``AdaptiveWindow.for_device`` of the engine's window and ``max_num_seqs``)."""
     from wedlm_kernels import AdaptiveWindow
-    from wedlm_kernels.window_policy import ROW_BUDGETS
 
-    return AdaptiveWindow.for_batch(ENGINE_WINDOW, MAX_NUM_SEQS, ROW_BUDGETS["cpu"]).min_window
+    return AdaptiveWindow.for_device(ENGINE_WINDOW, MAX_NUM_SEQS, "cpu").min_window
 
 
 def server_argv(server: str, model: str, port: int, dtype: str, device: str,

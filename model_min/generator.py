@@ -300,7 +300,7 @@ class Generator:
         The adaptive window's floor, 1 .. ``window`` (at most the window a ``generate``
         call decodes with): the masks a sequence keeps however little it commits. None
         (default): derived from the device's row budget and ``max_batch``
-        (``AdaptiveWindow.for_batch``). The vLLM plugin's ``min_window`` is the same
+        (``AdaptiveWindow.for_device``). The vLLM plugin's ``min_window`` is the same
         setting.
 
     Notes
@@ -439,11 +439,8 @@ class Generator:
                                        self.model.lm_head.shape[0])
         self._grammars = any(r.grammar is not None for r in requests)
         self._adaptive = mode == "streaming" and any(self._adapts(r) for r in requests)
-        self._policy = wk.AdaptiveWindow.for_batch(
-            self.window, self.max_batch,
-            window_policy.ROW_BUDGETS.get(self._device.type, MEMORY_BOUND_ROWS)
-        ) if self.min_window is None else wk.AdaptiveWindow(
-            max_window=self.window, min_window=min(self.min_window, self.window))
+        self._policy = wk.AdaptiveWindow.for_device(self.window, self.max_batch,
+                                                    self._device, min_window=self.min_window)
         self._logprobs = any(num_logprobs(r.params) is not None for r in requests)
         self._widths = self._batch_widths(requests)
         if self.model.ensure_positions(max(self._positions(r) for r in requests) + 1):

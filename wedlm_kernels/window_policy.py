@@ -123,21 +123,27 @@ class AdaptiveWindow:
 
     @classmethod
     def for_device(cls, max_window: int, max_batch: int, device: torch.device | str,
-                   **settings) -> "AdaptiveWindow":
-        """:meth:`for_batch` with the row budget of ``device``'s kind (:data:`ROW_BUDGETS`;
-        a kind it does not list takes the ``"cuda"`` budget).
+                   min_window: int | None = None, **settings) -> "AdaptiveWindow":
+        """The policy of an engine on ``device``: its own floor ``min_window`` (at most
+        ``max_window``), or where that is None, :meth:`for_batch` with the row budget of
+        ``device``'s kind (:data:`ROW_BUDGETS`; a kind it does not list takes the
+        ``"cuda"`` budget). model_min's ``Generator`` and the vLLM plugin both size their
+        policy here.
 
         Examples
         --------
         >>> AdaptiveWindow.for_device(16, max_batch=16, device="cpu").min_window
         1
+        >>> AdaptiveWindow.for_device(8, max_batch=16, device="cpu", min_window=12).min_window
+        8
         """
+        if min_window is not None:
+            check_int("min_window", min_window, minimum=1)
+            return cls(max_window=max_window, min_window=min(min_window, max_window),
+                       **settings)
         kind = torch.device(device).type
         return cls.for_batch(max_window, max_batch,
                              ROW_BUDGETS.get(kind, ROW_BUDGETS["cuda"]), **settings)
-
-
-
 
 
 @dataclass

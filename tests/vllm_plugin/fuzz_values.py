@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import model_min
 from wedlm_kernels import AdaptiveWindow
 from wedlm_kernels.requests import params as rp
-from wedlm_kernels.window_policy import ROW_BUDGETS
 
 from .conftest import TINY, WINDOW
 
@@ -25,7 +24,7 @@ WEDLM_FIELDS = ("wedlm_window", "wedlm_entropy_threshold", "wedlm_distance_penal
                 "wedlm_mode", "wedlm_window_policy")
 # The adaptive window's floor in the fuzzed engines (max_num_seqs 4 on the CPU's row
 # budget), which model_min's one-request Generators are given to decode as they do
-ADAPTIVE_FLOOR = AdaptiveWindow.for_batch(WINDOW, 4, ROW_BUDGETS["cpu"]).min_window
+ADAPTIVE_FLOOR = AdaptiveWindow.for_device(WINDOW, 4, "cpu").min_window
 INF, NAN = math.inf, math.nan
 
 # Every field gets the issue's list: +-inf, NaN, +-1e300, +-3.5e38, 2**31, 2**63, -0.0,

@@ -15,12 +15,12 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
                              masks) or "adaptive" (1 .. W, from what the request commits;
                              wedlm_kernels.window_policy, docs/algorithm.md)
     min_window        null     the adaptive window's floor, 1 .. W; null: derived from the
-                             device's row budget and max_num_seqs (AdaptiveWindow.for_batch)
+                             device's row budget and max_num_seqs (AdaptiveWindow.for_device)
 
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
-``wedlm_distance_penalty``, ``wedlm_mode``, ``wedlm_window_policy`` (null: the engine's). Every value, these and vLLM's own sampling
-fields, is checked by :mod:`wedlm_kernels.requests.params`, the definition model_min's
+``wedlm_distance_penalty``, ``wedlm_mode``, ``wedlm_window_policy`` (null: the engine's).
+Every value, these and vLLM's own sampling fields, is checked by :mod:`wedlm_kernels.requests.params`, the definition model_min's
 ``SamplingParams`` uses too. This module imports no vLLM.
 """
 

@@ -200,11 +200,8 @@ class WeDLMModelState(DefaultModelState):
         # the floor the engine's min_window or the device's row budget over max_num_seqs
         # (the engine's, not a step's batch: a request's windows do not depend on its
         # batch, and equal model_min's Generator(max_batch=max_num_seqs)'s)
-        if self.settings.min_window is not None:
-            self.window_policy = wk.AdaptiveWindow(max_window=self.window,
-                                                   min_window=self.settings.min_window)
-        else:
-            self.window_policy = wk.AdaptiveWindow.for_device(self.window, slots, device)
+        self.window_policy = wk.AdaptiveWindow.for_device(
+            self.window, slots, device, min_window=self.settings.min_window)
         self._adaptive = np.zeros(slots, dtype=bool)  # host copy of `adaptive`
         # A request's stop ids: its stop_token_ids (at most MAX_STOP_TOKEN_IDS besides the
         # checkpoint's eos ids, checked in the frontend), the generation config's eos ids

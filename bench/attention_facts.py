@@ -14,7 +14,9 @@ every figure is the launcher's own schedule, arithmetic on it, or a compile resu
   second launch and the default, or ``last_program``, in the attention launch).
 - ``schedule``: ``ops/attention.schedule`` on an H200 (132 multiprocessors): the tile, the
   split count, the programs launched and those holding rows (``working``), and ``waves`` =
-  working programs / (132 x the programs per multiprocessor the compiled tile allows).
+  working programs / (132 x the programs per multiprocessor the compiled tile allows);
+  ``diagonal_tiles_max``, the most key tiles a query tile masks per row (the diagonal loop:
+  from the last whole tile every row of it sees to its last row's key).
 - ``traffic`` (bytes): ``kv``: the keys and values every query tile reads (a tile of a
   sequence reads each key up to its last row's, K and V, once per KV head); ``partials``:
   the fp32 partial outputs and log-sum-exps of every split that holds keys of a tile,
@@ -25,7 +27,8 @@ every figure is the launcher's own schedule, arithmetic on it, or a compile resu
 - ``variants``: the sm_90 compile facts of every kernel variant a case launches (through
   ``bench/sm90_compile``, Triton's own ptxas, in a child process without
   ``TRITON_INTERPRET``): registers per thread, spill bytes, static shared memory, programs
-  per multiprocessor (``bench.compile_facts.programs_per_sm``) and the software pipeline
+  per multiprocessor (``bench.compile_facts.programs_per_sm``), the integer divisions and
+  remainders left in the PTX (``integer_divisions``) and the software pipeline
   read from the TTGIR: ``ring_depths``, the leading size of each multi-buffered shared
   memory allocation (K and V tiles; 1: one buffer), ``async_wait_nums``, the asynchronous
   copies each wait leaves in flight (0: the loop waits for every copy it issued), and
@@ -95,13 +98,16 @@ def plan(case: dict, rule: str, merge: str) -> dict:
     # per sequence and KV head: each query tile reads keys 0 .. ctx + its last row
     sequence_keys = context + rows
     keys_per_split = max(triton.cdiv(triton.cdiv(sequence_keys, splits), block_n), 1) * block_n
-    kv_bytes = partial_bytes = 0
+    kv_bytes = partial_bytes = diagonal_tiles = 0
     pairs = rows * group
     for tile in range(triton.cdiv(pairs, block_m)):
         live = min(block_m, pairs - tile * block_m)
-        last_row = (tile * block_m + live - 1) // group
+        first_row, last_row = tile * block_m // group, (tile * block_m + live - 1) // group
         key_end = context + last_row + 1
         kv_bytes += key_end * 2 * head_dim * element
+        # the masked key tiles: from the last whole tile every row sees to the last row's key
+        full_stop = (context + first_row + 1) // block_n * block_n
+        diagonal_tiles = max(diagonal_tiles, triton.cdiv(key_end - full_stop, block_n))
         if splits > 1:
             used = min(splits, triton.cdiv(key_end, keys_per_split))
             partial_bytes += 2 * used * live * (head_dim + 1) * 4  # written, then read
@@ -109,15 +115,15 @@ def plan(case: dict, rule: str, merge: str) -> dict:
     kv_bytes, partial_bytes = kv_bytes * scale, partial_bytes * scale
     programs = attention.query_tiles(num_rows, batch, group, block_m) * sizes.kv_heads * splits
     working = attention.working_tiles(num_rows, batch, group, block_m) * sizes.kv_heads * splits
-    page_tile = page_size % block_n == 0
     name = (f"attention_bf16_d{head_dim}_m{block_m}_n{block_n}_w{config.num_warps}"
-            f"{'_page_tile' if page_tile else ''}{'_merged' if merged else ''}")
+            f"_p{page_size}_g{group}{'_merged' if merged else ''}")
     variants = [name] + ([f"combine_bf16_d{head_dim}_n{block_n}"]
                          if splits > 1 and not merged else [])
     return {
         "rule": rule, "merge": merge,
         "schedule": {"block_m": block_m, "block_n": block_n, "num_warps": config.num_warps,
-                     "num_splits": splits, "programs": programs, "working": working},
+                     "num_splits": splits, "programs": programs, "working": working,
+                     "diagonal_tiles_max": diagonal_tiles},
         "traffic": {"kv": kv_bytes, "partials": partial_bytes,
                     "partial_over_kv": partial_bytes / kv_bytes},
         "launches": {"triton": 1 + (splits > 1 and not merged), "fills": int(merged)},
@@ -138,6 +144,13 @@ def pipeline_facts(ttgir: str) -> dict:
     return {"ring_depths": rings, "async_wait_nums": waits, "mma_wait_pendings": pendings}
 
 
+def integer_divisions(ptx: str) -> int:
+    """Integer division and remainder instructions of a compiled kernel (PTX ``div``/``rem``
+    on 32- or 64-bit integers; a division by a compile-time constant compiles to shifts or a
+    multiplication instead)."""
+    return len(re.findall(r"\b(?:div|rem)\.[su](?:32|64)\b", ptx))
+
+
 def compile_variants(names: list[str]) -> dict:
     """Compile facts of the named ``ops/attention.kernel_variants()`` (run without
     TRITON_INTERPRET)."""
@@ -152,6 +165,7 @@ def compile_variants(names: list[str]) -> dict:
         try:
             compiled = compile_sm90(variant)
             entry.update(ptxas_resources(compiled), shared_bytes=compiled.metadata.shared,
+                         integer_divisions=integer_divisions(compiled.asm["ptx"]),
                          **pipeline_facts(compiled.asm["ttgir"]))
             programs, limit = programs_per_sm(entry["registers"], variant.num_warps,
                                               entry["shared_bytes"])
@@ -208,6 +222,10 @@ def summarise(cases: list[dict], variants: dict) -> dict:
                 name for name in chosen if variants[name].get("spill_store_bytes")]
             summary[f"max_spill_bytes_{key}"] = max(
                 variants[name].get("spill_store_bytes", 0) for name in chosen)
+            summary[f"max_integer_divisions_{key}"] = max(
+                variants[name].get("integer_divisions", 0) for name in chosen)
+            summary[f"diagonal_tiles_max_{key}"] = max(
+                launch["schedule"]["diagonal_tiles_max"] for launch in launches)
     summary["partial_bound"] = PARTIAL_BOUND
     return summary
 
@@ -231,21 +249,23 @@ def write_markdown(report: dict, path: Path) -> None:
                 shape, f"{launch['rule']}, {launch['merge']}",
                 f"{schedule['block_m']}x{schedule['block_n']} w{schedule['num_warps']}",
                 str(schedule["num_splits"]), str(schedule["working"]),
+                str(schedule["diagonal_tiles_max"]),
                 fmt(schedule["waves"], 2), f"{traffic['kv'] / 1e6:.2f}",
                 f"{traffic['partials'] / 1e6:.2f}", f"{traffic['partial_over_kv']:.3f}",
                 f"{launch['launches']['triton']} + {launch['launches']['fills']} fill",
             ])
     lines += markdown_table(["case", "rule, merge", "tile", "splits", "working programs",
-                             "waves", "kv MB", "partials MB", "partials / kv", "launches"],
+                             "diagonal tiles", "waves", "kv MB", "partials MB", "partials / kv", "launches"],
                             rows)
     lines += ["", "## Compiled variants", ""]
     rows = [[name, str(facts.get("registers")), str(facts.get("spill_store_bytes")),
              str(facts.get("shared_bytes")), str(facts.get("programs_per_sm")),
+             str(facts.get("integer_divisions")),
              str(facts.get("ring_depths")), str(facts.get("async_wait_nums")),
              str(facts.get("mma_wait_pendings")), facts.get("error", "")]
             for name, facts in report["variants"].items()]
     lines += markdown_table(["variant", "registers", "spill bytes", "shared bytes",
-                             "programs / SM", "ring depths", "async_wait num",
+                             "programs / SM", "integer div/rem", "ring depths", "async_wait num",
                              "wgmma wait pendings", "error"], rows)
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())]
     path.write_text("\n".join(lines) + "\n")

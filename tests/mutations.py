@@ -419,18 +419,18 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "attention-kernel-int32-slot-full-tiles", ATTENTION,
         (("covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]\n"
-          "        slot = tl.where(covered, page, 0).to(tl.int64) * page_size",
+          "        slot = tl.where(covered, page, 0).to(tl.int64) * PAGE_SIZE",
           "covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]\n"
-          "        slot = tl.where(covered, page, 0) * page_size"),),
+          "        slot = tl.where(covered, page, 0) * PAGE_SIZE"),),
         INT64_TESTS, "cache offsets in int32 in the loop over keys every row sees",
         keyword="paged_attention",
     ),
     Mutation(
         "attention-kernel-int32-slot-diagonal-tiles", ATTENTION,
         (("covered = in_range & (page >= 0) & (page < num_pages)\n"
-          "        slot = tl.where(covered, page, 0).to(tl.int64) * page_size",
+          "        slot = tl.where(covered, page, 0).to(tl.int64) * PAGE_SIZE",
           "covered = in_range & (page >= 0) & (page < num_pages)\n"
-          "        slot = tl.where(covered, page, 0) * page_size"),),
+          "        slot = tl.where(covered, page, 0) * PAGE_SIZE"),),
         INT64_TESTS, "cache offsets in int32 in the masked loop", keyword="paged_attention",
     ),
     Mutation(
@@ -481,8 +481,14 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "attention-kernel-page-tile-misapplied", ATTENTION,
-        (("PAGE_TILE=page_size % block_n == 0", "PAGE_TILE=block_n % page_size == 0"),),
+        (("    if PAGE_SIZE % BLOCK_N == 0:\n", "    if BLOCK_N % PAGE_SIZE == 0:\n"),),
         ATTENTION_KERNEL_TESTS, "one page id per key tile where a tile spans several pages",
+    ),
+    Mutation(
+        "attention-kernel-compiled-for-the-tile-not-the-page", ATTENTION,
+        (("PAGE_SIZE=page_size, GROUP=group,", "PAGE_SIZE=block_n, GROUP=group,"),),
+        ATTENTION_KERNEL_TESTS, "the kernel is specialised on the key tile's size where the "
+        "page size belongs: every position is looked up in the wrong page",
     ),
     Mutation(
         "attention-kernel-coverage-check-skipped", ATTENTION,
@@ -495,15 +501,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "attention-kernel-full-loop-page-not-ahead", ATTENTION,
-        (("start + BLOCK_N,\n                                n, full_stop, PAGE_TILE)",
-          "start,\n                                n, full_stop, PAGE_TILE)"),),
+        (("start + BLOCK_N, n,\n                                full_stop, PAGE_SIZE",
+          "start, n,\n                                full_stop, PAGE_SIZE"),),
         ATTENTION_KERNEL_TESTS, "the page ids loaded ahead are the tile's own: every full tile "
         "after the first reads the previous tile's pages",
     ),
     Mutation(
         "attention-kernel-diagonal-loop-page-not-ahead", ATTENTION,
-        (("start + BLOCK_N,\n                                n, diagonal_end, PAGE_TILE)",
-          "start,\n                                n, diagonal_end, PAGE_TILE)"),),
+        (("start + BLOCK_N, n,\n                                diagonal_end, PAGE_SIZE",
+          "start, n,\n                                diagonal_end, PAGE_SIZE"),),
         ATTENTION_KERNEL_TESTS, "the page ids loaded ahead are the tile's own: every "
         "diagonal tile after the first reads the previous tile's pages",
     ),

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.attention_facts import MERGES, PARTIAL_BOUND, RULES, pipeline_facts, plan, shapes
+from bench.attention_facts import (
+    MERGES,
+    PARTIAL_BOUND,
+    RULES,
+    integer_divisions,
+    pipeline_facts,
+    plan,
+    shapes,
+)
 
 FACTS = Path(__file__).resolve().parents[1] / "bench/results/sm90_compile/paged_attention.json"
 KV_BYTES_PER_KEY = 8 * 2 * 128 * 2  # KV heads x (K and V) x head_dim x bf16
@@ -25,11 +33,23 @@ def test_traffic_of_a_decode_window_split_four_ways_by_hand():
     assert launch["traffic"]["kv"] == 2064 * KV_BYTES_PER_KEY
     assert launch["traffic"]["partials"] == 8 * 2 * 4 * 64 * 129 * 4
     assert launch["launches"] == {"triton": 1, "fills": 1}
-    assert launch["variants"] == ["attention_bf16_d128_m64_n64_w4_merged"]
+    assert launch["variants"] == ["attention_bf16_d128_m64_n64_w4_p16_g4_merged"]
+    # rows 0 .. 15 see keys 0 .. 2048 + j: keys 2048 .. 2063 are masked per row, in the one
+    # tile 2048 .. 2111
+    assert launch["schedule"]["diagonal_tiles_max"] == 1
     combined = plan({"kind": "decode", "batch": 1, "q_len": 16, "context": 2048}, "fa2",
                     "combine")
     assert combined["launches"] == {"triton": 2, "fills": 0}
-    assert combined["variants"] == ["attention_bf16_d128_m64_n64_w4", "combine_bf16_d128_n64"]
+    assert combined["variants"] == ["attention_bf16_d128_m64_n64_w4_p16_g4",
+                                    "combine_bf16_d128_n64"]
+
+
+def test_a_window_across_a_key_tile_boundary_masks_two_tiles():
+    """16 rows after 2040 positions: row 0 sees keys 0 .. 2040, so the last whole tile every
+    row sees ends at 1984; keys 1984 .. 2055 are masked per row, two 64-key tiles."""
+    launch = plan({"kind": "decode", "batch": 1, "q_len": 16, "context": 2040}, "fa2",
+                  "combine")
+    assert launch["schedule"]["diagonal_tiles_max"] == 2
 
 
 def test_a_prefill_reads_each_tiles_causal_keys_and_writes_no_partials():
@@ -69,6 +89,18 @@ def test_the_pipeline_is_read_from_the_ttgir():
     """
     assert pipeline_facts(ttgir) == {"ring_depths": [2, 3], "async_wait_nums": [0, 2],
                                      "mma_wait_pendings": [1]}
+
+
+def test_integer_divisions_are_counted_in_the_ptx():
+    ptx = """
+    div.s32 %r5, %r3, %r4;
+    rem.u32 %r6, %r3, 7;
+    div.rn.f32 %f2, %f1, %f0;
+    div.full.f32 %f3, %f1, %f0;
+    shr.s32 %r7, %r3, 4;
+    rem.s64 %rd2, %rd1, %rd0;
+    """
+    assert integer_divisions(ptx) == 3
 
 
 @pytest.mark.skipif(not FACTS.exists(), reason="no committed facts yet")

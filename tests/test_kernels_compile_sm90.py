@@ -64,20 +64,36 @@ _WINDOW_SPILLS = {f"commit_window:block_slots={slots},commit_limit={limited}": s
 _LOGIT_RULE_SPILLS = {f"process_logits:rules_bias_min_tokens_{dtype}": 8
                       for dtype in ("fp32", "fp16", "bf16")}
 # - paged_attention: on Triton 3.6 (the GPU image's) no tile the launcher picks for fp16 or
-#   bf16 at head size 128 spills; a few small tiles at head sizes 32 and 64 (and fp32 ones)
-#   spill 8 to 16 bytes of scalar state, mostly those merging split partials in the launch
-#   (``_merged``). Triton 3.7's ptxas spills 80-84 bytes in the 64 x 64 tile at head size
-#   128 and 4 to 24 bytes in a few small tiles.
+#   bf16 at head size 128 with pages of 16 or 64 spills; pages of one position spill 8 bytes
+#   in the 64 x 64 tile (84 merging split partials in the launch, ``_merged``, off by
+#   default), and fp32 tiles (exact products, the slow path) and a small fp16 one 4 to 32
+#   bytes of scalar state. Triton 3.7's ptxas spills 4-8 bytes in the 64 x 64 tile at head
+#   size 128 (16 with 7 query heads per KV head and merged), 68 with pages of one position
+#   and merged, and 4 to 20 bytes in some small tiles.
 _ATTENTION_SPILLS = {
-    "3.6": {"fp32_d32_m32_n32_w4": 12, "fp32_d64_m16_n16_w4_merged": 12,
-            "fp32_d64_m16_n16_w4_page_tile_merged": 8,
-            "fp16_d32_m16_n32_w4_page_tile_merged": 8, "bf16_d32_m16_n32_w4_merged": 12,
-            "bf16_d32_m16_n32_w4_page_tile_merged": 8,
-            "bf16_d64_m16_n32_w4_page_tile_merged": 16},
-    "3.7": {"fp16_d128_m64_n64_w4": 80, "fp16_d128_m64_n64_w4_merged": 84,
-            "bf16_d128_m64_n64_w4": 80, "bf16_d128_m64_n64_w4_merged": 84,
-            "bf16_d16_m16_n32_w4": 4, "bf16_d64_m16_n32_w4_page_tile_merged": 16,
-            "bf16_d128_m16_n32_w4_merged": 24},
+    "3.6": {
+        "fp32_d16_m32_n32_w4_p16_g4_merged": 8, "fp32_d64_m16_n16_w4_p64_g4": 4,
+        "fp32_d128_m16_n16_w4_p16_g4": 12, "fp32_d128_m16_n16_w4_p64_g4": 12,
+        "fp32_d256_m16_n16_w4_p16_g4": 20, "fp32_d256_m16_n16_w4_p16_g4_merged": 32,
+        "fp32_d256_m16_n16_w4_p64_g4": 20, "fp32_d256_m16_n16_w4_p64_g4_merged": 32,
+        "fp16_d16_m16_n32_w4_p16_g4": 4, "fp16_d128_m64_n64_w4_p1_g4": 8,
+        "fp16_d128_m64_n64_w4_p1_g4_merged": 84, "bf16_d128_m64_n64_w4_p1_g4": 8,
+        "bf16_d128_m64_n64_w4_p1_g4_merged": 84},
+    "3.7": {
+        "fp32_d16_m32_n32_w4_p16_g4_merged": 4, "fp32_d64_m16_n16_w4_p16_g4": 16,
+        "fp32_d128_m16_n16_w4_p16_g4": 8, "fp32_d128_m16_n16_w4_p64_g4": 8,
+        "fp16_d128_m16_n32_w4_p64_g4": 20, "fp16_d128_m16_n32_w4_p16_g7_merged": 16,
+        "fp16_d128_m64_n64_w4_p16_g4": 4, "fp16_d128_m64_n64_w4_p16_g4_merged": 8,
+        "fp16_d128_m64_n64_w4_p1_g4_merged": 68, "fp16_d128_m64_n64_w4_p16_g7": 4,
+        "fp16_d128_m64_n64_w4_p16_g7_merged": 16, "fp16_d128_m64_n64_w4_p16_g8": 4,
+        "fp16_d128_m64_n64_w4_p16_g8_merged": 8, "bf16_d16_m16_n32_w4_p64_g4_merged": 12,
+        "bf16_d32_m16_n32_w4_p64_g4_merged": 4, "bf16_d128_m16_n32_w4_p16_g4_merged": 12,
+        "bf16_d128_m16_n32_w4_p64_g4": 20, "bf16_d128_m16_n32_w4_p16_g1_merged": 16,
+        "bf16_d128_m16_n32_w4_p16_g7_merged": 12,
+        "bf16_d128_m16_n32_w4_p16_g8_merged": 12, "bf16_d128_m64_n64_w4_p16_g4": 4,
+        "bf16_d128_m64_n64_w4_p16_g4_merged": 8, "bf16_d128_m64_n64_w4_p1_g4_merged": 68,
+        "bf16_d128_m64_n64_w4_p16_g7": 4, "bf16_d128_m64_n64_w4_p16_g7_merged": 16,
+        "bf16_d128_m64_n64_w4_p16_g8": 4, "bf16_d128_m64_n64_w4_p16_g8_merged": 8},
 }
 
 
@@ -159,14 +175,26 @@ def test_the_attention_split_rule_knows_how_many_programs_each_tile_keeps_reside
         compile_results):
     """The FA2 split rule counts multiprocessors x residency slots (ops/attention.py,
     RESIDENCY_SM90): each tile's residency is what its sm_90 compile allows (registers per
-    thread, shared memory), for bf16 and fp16 at head size 128."""
+    thread, shared memory), for bf16 and fp16 at head size 128 with split partials merged by
+    the combine launch (the default) or not split: on Triton 3.6, the GPU image's release, at
+    every compiled page size and group; on others (whose ptxas allocates differently) at the
+    benchmark's pages of 16 and group of 4."""
+    import triton
+
     from bench.compile_facts import programs_per_sm
     from wedlm_kernels.ops import attention
 
+    every_variant = triton.__version__.startswith("3.6.")
     for (block_m, block_n, warps), resident in attention.RESIDENCY_SM90.items():
         for dtype in ("bf16", "fp16"):
-            facts = compile_results[
-                f"paged_attention:attention_{dtype}_d128_m{block_m}_n{block_n}_w{warps}"]
-            assert facts["num_warps"] == warps
-            programs, _ = programs_per_sm(facts["registers"], warps, facts["shared"])
-            assert programs == resident, (block_m, block_n, warps, dtype, facts)
+            prefix = f"paged_attention:attention_{dtype}_d128_m{block_m}_n{block_n}_w{warps}_p"
+            names = [name for name in compile_results
+                     if name.startswith(prefix) and not name.endswith("_merged")]
+            assert len(names) == 6, names  # pages of 16 and 64 (group 4), the extra four
+            if not every_variant:
+                names = [f"{prefix}16_g4"]
+            for name in names:
+                facts = compile_results[name]
+                assert facts["num_warps"] == warps
+                programs, _ = programs_per_sm(facts["registers"], warps, facts["shared"])
+                assert programs == resident, (name, facts)

@@ -391,8 +391,10 @@ def paged_attention_fake(
 #
 # Contract details (docs/contracts.md, "paged_attention"):
 # - position t lives at page block_table[b, t // page_size], offset t % page_size. When
-#   pages hold a multiple of BLOCK_N positions (PAGE_TILE) a key tile lies in one page and
-#   its page id is loaded once; otherwise it is gathered per key, so any page size works. A
+#   pages hold a multiple of BLOCK_N positions a key tile lies in one page and its page id
+#   is loaded once; otherwise it is gathered per key, so any page size works. PAGE_SIZE and
+#   GROUP are compile-time constants (an engine runs one of each): the divisions by them,
+#   per key tile and per row, compile to shifts or multiplications. A
 #   key whose page index is >= P or whose page id is outside [0, num_pages) is "not
 #   covered": it is not loaded, and a row that needs it is NaN.
 # - cache entries a row does not see are never read into its result: in the diagonal loop
@@ -411,15 +413,15 @@ def paged_attention_fake(
 _LOG2_E = 1.4426950408889634
 
 # Triton turns an integer argument equal to 1 into a compile-time constant. These arguments
-# (sizes and strides that are 1 in some calls: one KV head, no GQA, one sequence, a single
-# split, ...) are kept as plain i32 so that each dtype and tile configuration is ONE
-# compiled specialisation. head_dim stays specialised (its divisibility by 16 lets K/V rows
+# (sizes and strides that are 1 in some calls: one KV head, one sequence, a single split,
+# ...) are kept as plain i32 so that each dtype, tile configuration, page size and group is
+# ONE compiled specialisation. head_dim stays specialised (its divisibility by 16 lets K/V rows
 # load as 16-byte vectors); the launcher hands head sizes below 2 to the PyTorch
 # implementation, so it is never 1.
 ATTENTION_UNSPECIALISED = (
     "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
     "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
-    "group", "page_size", "table_width", "num_pages", "num_splits", "heaviest_first",
+    "table_width", "num_pages", "num_splits", "heaviest_first",
 )
 COMBINE_UNSPECIALISED = (
     "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads", "group",
@@ -532,17 +534,20 @@ def _merge_program(
 
 
 @triton.jit
-def _tile_pages(table_row_ptr, table_page_stride, page_size, start, n, stop,
-                PAGE_TILE: tl.constexpr):
+def _tile_pages(table_row_ptr, table_page_stride, start, n, stop, PAGE_SIZE: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """Page ids of the key tile at ``start`` (keys ``start + n``) of a loop that ends at
-    ``stop``: one id (PAGE_TILE) or one per key, -1 (not covered) for keys at or past
-    ``stop`` (no table entry past the loop is read)."""
-    if PAGE_TILE:
-        return tl.load(table_row_ptr + (start // page_size).to(tl.int64) * table_page_stride,
+    ``stop``: one id when pages hold whole tiles (``PAGE_SIZE % BLOCK_N == 0``), else one
+    per key; -1 (not covered) for keys at or past ``stop`` (no table entry past the loop is
+    read)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        # (the stride widened, not the page index: in Triton's interpreter start is a
+        # Python int where the loop hands it over)
+        return tl.load(table_row_ptr + table_page_stride.to(tl.int64) * (start // PAGE_SIZE),
                        mask=start < stop, other=-1)
     else:
         keys = start + n
-        return tl.load(table_row_ptr + (keys // page_size).to(tl.int64) * table_page_stride,
+        return tl.load(table_row_ptr + (keys // PAGE_SIZE).to(tl.int64) * table_page_stride,
                        mask=keys < stop, other=-1)
 
 
@@ -567,9 +572,7 @@ def _paged_attention_kernel(
     num_rows,  # N
     num_sequences,  # B
     kv_heads,  # Hkv
-    group,  # G = Hq / Hkv
     head_dim,  # D
-    page_size,
     table_width,  # P
     num_pages,
     num_splits,
@@ -578,28 +581,29 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # (row, head) pairs per program
     BLOCK_N: tl.constexpr,  # keys per tile
     BLOCK_D: tl.constexpr,  # next_power_of_2(D), at least 16
-    PAGE_TILE: tl.constexpr,  # page_size % BLOCK_N == 0: one page id per key tile
+    PAGE_SIZE: tl.constexpr,  # positions per page (a constant: divisions are shifts)
+    GROUP: tl.constexpr,  # G = Hq / Hkv, query heads per KV head
     UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
     BLOCK_BATCH: tl.constexpr,  # sequences counted at a time to find a program's sequence
     MERGE_IN_KERNEL: tl.constexpr,  # the last split program of a tile merges its splits
 ):
     sequence, tile, first_row_of_sequence, live = _program_sequence(
-        query_start_ptr, query_start_stride, num_rows, num_sequences, group, heaviest_first,
+        query_start_ptr, query_start_stride, num_rows, num_sequences, GROUP, heaviest_first,
         BLOCK_M, BLOCK_BATCH)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     is_sequence = (sequence >= 0) & (sequence < num_sequences)
     batch = tl.where(is_sequence, sequence, 0).to(tl.int64)
 
-    capacity = table_width * page_size  # positions the page table can address
+    capacity = table_width * PAGE_SIZE  # positions the page table can address
     # clamping keeps ctx + row in int32 and changes no outcome (NaN stays NaN)
     ctx = tl.load(ctx_len_ptr + batch * ctx_len_stride, mask=is_sequence, other=0)
     ctx = tl.minimum(tl.maximum(ctx, -live - 1), capacity)
 
     pair = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M], within the sequence
-    row = pair // group  # j, within the sequence
-    q_head = kv_head * group + pair % group
-    row_live = (pair < live * group) & (tile >= 0) & (sequence >= 0)
+    row = pair // GROUP  # j, within the sequence
+    q_head = kv_head * GROUP + pair % GROUP
+    row_live = (pair < live * GROUP) & (tile >= 0) & (sequence >= 0)
     packed_row = (first_row_of_sequence + row).to(tl.int64)  # [BLOCK_M]
     last_key = ctx + row  # [BLOCK_M]: the row sees keys 0 .. last_key
     d = tl.arange(0, BLOCK_D)
@@ -607,8 +611,8 @@ def _paged_attention_kernel(
 
     # Keys [split_start, full_stop) are visible to every row of the tile (whole tiles only);
     # keys [full_stop, diagonal_end) are masked per row. Padding programs read none.
-    first_row = (tile * BLOCK_M) // group
-    last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, live - 1)
+    first_row = (tile * BLOCK_M) // GROUP
+    last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, live - 1)
     key_end = tl.minimum(tl.maximum(ctx + last_row + 1, 0), capacity)
     key_end = tl.where((last_row >= first_row) & is_sequence, key_end, 0)
     full_end = tl.minimum(tl.maximum(ctx + first_row + 1, 0), key_end)
@@ -645,15 +649,15 @@ def _paged_attention_kernel(
     # addresses of a tile then depend on no load of its own iteration, so the software
     # pipeliner sees K and V as direct loads and gives them all num_stages - 1 stages
     # (an indirect load chain splits them between the page-id load and the K/V loads).
-    next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, split_start, n,
-                            full_stop, PAGE_TILE)
+    next_page = _tile_pages(table_row_ptr, table_page_stride, split_start, n, full_stop,
+                            PAGE_SIZE, BLOCK_N)
     for start in range(split_start, full_stop, BLOCK_N):
         keys = start + n  # [BLOCK_N] positions and their pages
         page = next_page
-        next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, start + BLOCK_N,
-                                n, full_stop, PAGE_TILE)
+        next_page = _tile_pages(table_row_ptr, table_page_stride, start + BLOCK_N, n,
+                                full_stop, PAGE_SIZE, BLOCK_N)
         covered = (page >= 0) & (page < num_pages) & (n >= 0)  # [BLOCK_N]
-        slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
+        slot = tl.where(covered, page, 0).to(tl.int64) * PAGE_SIZE + keys % PAGE_SIZE
         kv_offsets = slot[:, None] * slot_stride + head_offset
         kv_mask = covered[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
@@ -670,16 +674,21 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
 
-    next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, full_stop, n,
-                            diagonal_end, PAGE_TILE)
+    # The diagonal loop runs one or two key tiles (three for 128 rows of one head): its rows
+    # span BLOCK_M / G - 1 keys past a tile boundary. A 2-deep ring already has both in
+    # flight; a third buffer would take the 64 x 64 tile past the shared memory of two
+    # programs per multiprocessor. Its non-finite bookkeeping stays inline: behind a
+    # tile-level flag (a cold path, tried four ways) the 64 x 64 tile spills on Triton 3.6.
+    next_page = _tile_pages(table_row_ptr, table_page_stride, full_stop, n, diagonal_end,
+                            PAGE_SIZE, BLOCK_N)
     for start in tl.range(full_stop, diagonal_end, BLOCK_N, num_stages=2):
         keys = start + n
         in_range = keys < diagonal_end
         page = next_page
-        next_page = _tile_pages(table_row_ptr, table_page_stride, page_size, start + BLOCK_N,
-                                n, diagonal_end, PAGE_TILE)
+        next_page = _tile_pages(table_row_ptr, table_page_stride, start + BLOCK_N, n,
+                                diagonal_end, PAGE_SIZE, BLOCK_N)
         covered = in_range & (page >= 0) & (page < num_pages)
-        slot = tl.where(covered, page, 0).to(tl.int64) * page_size + keys % page_size
+        slot = tl.where(covered, page, 0).to(tl.int64) * PAGE_SIZE + keys % PAGE_SIZE
         kv_offsets = slot[:, None] * slot_stride + head_offset
         kv_mask = covered[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
@@ -720,13 +729,13 @@ def _paged_attention_kernel(
         row_nan = row_nan | (last_key < 0) | (last_key >= capacity)
         out = tl.where(row_nan[:, None], float("nan"), normalised)
         out = tl.where(is_sequence, out, 0.0)  # the padding rows' pseudo-sequence: zeros
-        out_offsets = (packed_row * (kv_heads * group) + q_head)[:, None] * head_dim + d[None, :]
+        out_offsets = (packed_row * (kv_heads * GROUP) + q_head)[:, None] * head_dim + d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=pair_mask)
     elif has_keys & is_sequence:
         partial = tl.where(row_nan[:, None], float("nan"), normalised)
         lse = tl.where(l_i == 0.0, -float("inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
-        packed_pair = packed_row * group + pair % group  # [BLOCK_M]
-        base = (kv_head.to(tl.int64) * num_splits + split) * (num_rows * group) + packed_pair
+        packed_pair = packed_row * GROUP + pair % GROUP  # [BLOCK_M]
+        base = (kv_head.to(tl.int64) * num_splits + split) * (num_rows * GROUP) + packed_pair
         tl.store(partial_lse_ptr + base, lse, mask=row_live)
         tl.store(partial_out_ptr + base[:, None] * head_dim + d[None, :], partial, mask=pair_mask)
     if MERGE_IN_KERNEL:
@@ -738,7 +747,7 @@ def _paged_attention_kernel(
                 # the key loops, where registers are short)
                 _merge_program(partial_out_ptr, partial_lse_ptr, query_start_ptr, ctx_len_ptr,
                                out_ptr, query_start_stride, ctx_len_stride, num_rows,
-                               num_sequences, kv_heads, group, head_dim, page_size,
+                               num_sequences, kv_heads, GROUP, head_dim, PAGE_SIZE,
                                table_width, num_splits, heaviest_first, BLOCK_M, BLOCK_N,
                                BLOCK_D, BLOCK_BATCH)
 
@@ -1084,9 +1093,9 @@ def paged_attention_into(
         q, k_cache, v_cache, block_table, query_start, ctx_len, out, partial_out, partial_lse,
         arrivals, q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1),
         query_start.stride(0), ctx_len.stride(0),
-        num_rows, batch, kv_heads, group, head_dim, page_size, table_width, num_pages,
-        num_splits, int(order == "heaviest_first"), float(scale) * _LOG2_E,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_TILE=page_size % block_n == 0,
+        num_rows, batch, kv_heads, head_dim, table_width, num_pages, num_splits,
+        int(order == "heaviest_first"), float(scale) * _LOG2_E,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PAGE_SIZE=page_size, GROUP=group,
         UPCAST=_upcast(q), BLOCK_BATCH=_BLOCK_BATCH, MERGE_IN_KERNEL=merge_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
@@ -1109,7 +1118,7 @@ _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def _attention_variant(
-    dtype: torch.dtype, block_d: int, config: LaunchConfig, page_tile: bool,
+    dtype: torch.dtype, block_d: int, config: LaunchConfig, page_size: int, group: int,
     merge_in_kernel: bool = False,
 ) -> KernelVariant:
     pointer = POINTER_TYPES[dtype]
@@ -1122,22 +1131,21 @@ def _attention_variant(
     for name in (
         "q_row_stride", "q_head_stride", "table_batch_stride", "table_page_stride",
         "query_start_stride", "ctx_len_stride", "num_rows", "num_sequences", "kv_heads",
-        "group", "head_dim", "page_size", "table_width", "num_pages", "num_splits",
-        "heaviest_first",
+        "head_dim", "table_width", "num_pages", "num_splits", "heaviest_first",
     ):
         signature[name] = "i32"
     signature.update(scale_log2="fp32", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                     BLOCK_D="constexpr", PAGE_TILE="constexpr", UPCAST="constexpr",
-                     BLOCK_BATCH="constexpr", MERGE_IN_KERNEL="constexpr")
+                     BLOCK_D="constexpr", PAGE_SIZE="constexpr", GROUP="constexpr",
+                     UPCAST="constexpr", BLOCK_BATCH="constexpr", MERGE_IN_KERNEL="constexpr")
     return KernelVariant(
         name=(f"attention_{_SHORT[dtype]}_d{block_d}_m{config.block_m}_n{config.block_n}"
-              f"_w{config.num_warps}{'_page_tile' if page_tile else ''}"
+              f"_w{config.num_warps}_p{page_size}_g{group}"
               f"{'_merged' if merge_in_kernel else ''}"),
         kernel=_paged_attention_kernel,
         signature=signature,
         constexprs={"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_D": block_d,
-                    "PAGE_TILE": page_tile, "UPCAST": False, "BLOCK_BATCH": _BLOCK_BATCH,
-                    "MERGE_IN_KERNEL": merge_in_kernel},
+                    "PAGE_SIZE": page_size, "GROUP": group, "UPCAST": False,
+                    "BLOCK_BATCH": _BLOCK_BATCH, "MERGE_IN_KERNEL": merge_in_kernel},
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         divisible_by_16=("head_dim",),
@@ -1165,19 +1173,36 @@ def _combine_variant(dtype: torch.dtype, block_d: int, block_n: int) -> KernelVa
     )
 
 
+# The page sizes and query heads per KV head the compiled variants are checked at. The
+# attention kernel is specialised on both (an engine runs one page size and one model, so
+# one of each): every tile at pages of 16 (one page id per key where a tile spans pages)
+# and 64 (one per tile) with the benchmarked model's group of 4, and the head-size-128
+# tiles at a page of one position, no GQA (1), an odd group (Qwen2.5-7B's 7) and 8.
+_VARIANT_PAGE_SIZES = (16, 64)
+_VARIANT_GROUP = 4
+_EXTRA_PAGES_AND_GROUPS = ((1, 4), (16, 1), (16, 7), (16, 8))
+
+
 def kernel_variants() -> list[KernelVariant]:
-    """Every specialisation :func:`paged_attention_triton` launches on a GPU: q dtype x
-    BLOCK_D (head sizes up to 256) x every tile configuration of :func:`launch_config`
-    (decode windows with few or many programs, longer query ranges) x one page id per key
-    tile or per key x the merge of split partials (a combine launch or in the kernel), plus
-    the combine kernel per dtype, BLOCK_D and BLOCK_N. (On the CPU, Triton's interpreter
-    additionally runs bf16 with UPCAST, never compiled.)"""
+    """The specialisations :func:`paged_attention_triton` launches on a GPU, as compiled by
+    the tests: q dtype x BLOCK_D (head sizes up to 256) x every tile configuration of
+    :func:`launch_config` (decode windows with few or many programs, longer query ranges) x
+    the merge of split partials (a combine launch or in the kernel) x page sizes and GQA
+    groups (``_VARIANT_PAGE_SIZES`` with ``_VARIANT_GROUP``, and ``_EXTRA_PAGES_AND_GROUPS``
+    at head size 128 in fp16 and bf16; the kernel is specialised on both, so other values
+    compile the same code with other constants), plus the combine kernel per dtype, BLOCK_D
+    and BLOCK_N. (On the CPU, Triton's interpreter additionally runs bf16 with UPCAST, never
+    compiled.)"""
     variants = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for block_d in _HEAD_DIM_BLOCKS:
+            pages_and_groups = [(page_size, _VARIANT_GROUP) for page_size in _VARIANT_PAGE_SIZES]
+            if block_d == 128 and dtype != torch.float32:
+                pages_and_groups += _EXTRA_PAGES_AND_GROUPS
             for config in launch_configs(dtype, block_d):
-                for page_tile, merge_in_kernel in itertools.product((False, True), repeat=2):
-                    variant = _attention_variant(dtype, block_d, config, page_tile,
+                for (page_size, group), merge_in_kernel in itertools.product(
+                        pages_and_groups, (False, True)):
+                    variant = _attention_variant(dtype, block_d, config, page_size, group,
                                                  merge_in_kernel)
                     variants[variant.name] = variant
                 variant = _combine_variant(dtype, block_d, config.block_n)

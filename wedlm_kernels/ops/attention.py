@@ -581,7 +581,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # (row, head) pairs per program
     BLOCK_N: tl.constexpr,  # keys per tile
     BLOCK_D: tl.constexpr,  # next_power_of_2(D), at least 16
-    PAGE_SIZE: tl.constexpr,  # positions per page (a constant: divisions are shifts)
+    PAGE_SIZE: tl.constexpr,  # positions per page (its divisions compile to shifts or products)
     GROUP: tl.constexpr,  # G = Hq / Hkv, query heads per KV head
     UPCAST: tl.constexpr,  # compute in fp32 (bf16 in Triton's interpreter)
     BLOCK_BATCH: tl.constexpr,  # sequences counted at a time to find a program's sequence

@@ -763,6 +763,23 @@ def test_kernel_variants_list_every_specialisation_the_launcher_produces(monkeyp
         assert launch in listed, launch
 
 
+def test_compiled_variants_cover_both_page_lookups_of_every_tile():
+    """The kernel is specialised on the page size: every (dtype, BLOCK_D, tile, merge) is
+    listed with pages holding whole key tiles (one page id per tile) and pages smaller than
+    a tile (one page id per key), so the sm_90 compile sees both branches of _tile_pages."""
+    lookups = {}
+    for variant in kernel_variants():
+        if not variant.name.startswith("attention_"):
+            continue
+        constexprs = dict(variant.constexprs)
+        tile = (variant.signature["q_ptr"], constexprs["BLOCK_D"], constexprs["BLOCK_M"],
+                constexprs["BLOCK_N"], variant.num_warps, constexprs["MERGE_IN_KERNEL"])
+        per_tile = constexprs["PAGE_SIZE"] % constexprs["BLOCK_N"] == 0
+        lookups.setdefault(tile, set()).add(per_tile)
+    assert len(lookups) >= 50
+    assert {tile: found for tile, found in lookups.items() if found != {True, False}} == {}
+
+
 # ---------------------------------------------------------------------------- GPU only
 
 

@@ -1,9 +1,11 @@
 """Small shared pieces for the Triton kernels.
 
 ``KernelVariant`` describes one specialisation a launcher can produce (argument types and
-constexpr values). Every op module with a kernel lists all of its variants in
-``kernel_variants()``; the test suite compiles each one for an sm_90 target on a CPU-only
-machine, which catches what Triton's interpreter accepts but the GPU compiler rejects.
+constexpr values). Every op module with a kernel lists its variants in ``kernel_variants()``
+(all of them, or for a kernel specialised on a model's sizes, such as paged_attention's page
+size and GQA group, every tile configuration at sampled sizes); the test suite compiles each
+one for an sm_90 target on a CPU-only machine, which catches what Triton's interpreter
+accepts but the GPU compiler rejects.
 """
 
 import os

@@ -674,8 +674,9 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
 
-    # The diagonal loop runs one or two key tiles (three for 128 rows of one head): its rows
-    # span BLOCK_M / G - 1 keys past a tile boundary. A 2-deep ring already has both in
+    # The diagonal loop runs one or two key tiles where a query tile holds at most BLOCK_N
+    # rows (BLOCK_M / G, starting anywhere in a key tile), more for many rows of one head
+    # (128 x 64 at G = 1, 64 x 16 at head size 256). A 2-deep ring already has both in
     # flight; a third buffer would take the 64 x 64 tile past the shared memory of two
     # programs per multiprocessor. Its non-finite bookkeeping stays inline: behind a
     # tile-level flag (a cold path, tried four ways) the 64 x 64 tile spills on Triton 3.6.
@@ -1175,12 +1176,13 @@ def _combine_variant(dtype: torch.dtype, block_d: int, block_n: int) -> KernelVa
 
 # The page sizes and query heads per KV head the compiled variants are checked at. The
 # attention kernel is specialised on both (an engine runs one page size and one model, so
-# one of each): every tile at pages of 16 (one page id per key where a tile spans pages)
-# and 64 (one per tile) with the benchmarked model's group of 4, and the head-size-128
-# tiles at a page of one position, no GQA (1), an odd group (Qwen2.5-7B's 7) and 8.
-_VARIANT_PAGE_SIZES = (16, 64)
+# one of each): every tile at pages of 8 (one page id per key: no key tile lies in one
+# page) and 64 (one page id per key tile, every BLOCK_N) with a group of 4, and the fp16 and
+# bf16 tiles at head size 128 also at the benchmarked pages of 16, a page of one position,
+# no GQA (1), an odd group (Qwen2.5-7B's 7) and 8.
+_VARIANT_PAGE_SIZES = (8, 64)
 _VARIANT_GROUP = 4
-_EXTRA_PAGES_AND_GROUPS = ((1, 4), (16, 1), (16, 7), (16, 8))
+_EXTRA_PAGES_AND_GROUPS = ((16, 4), (1, 4), (16, 1), (16, 7), (16, 8))
 
 
 def kernel_variants() -> list[KernelVariant]:
@@ -1188,10 +1190,11 @@ def kernel_variants() -> list[KernelVariant]:
     the tests: q dtype x BLOCK_D (head sizes up to 256) x every tile configuration of
     :func:`launch_config` (decode windows with few or many programs, longer query ranges) x
     the merge of split partials (a combine launch or in the kernel) x page sizes and GQA
-    groups (``_VARIANT_PAGE_SIZES`` with ``_VARIANT_GROUP``, and ``_EXTRA_PAGES_AND_GROUPS``
-    at head size 128 in fp16 and bf16; the kernel is specialised on both, so other values
-    compile the same code with other constants), plus the combine kernel per dtype, BLOCK_D
-    and BLOCK_N. (On the CPU, Triton's interpreter additionally runs bf16 with UPCAST, never
+    groups (``_VARIANT_PAGE_SIZES`` with ``_VARIANT_GROUP``: both page lookups of every tile,
+    and ``_EXTRA_PAGES_AND_GROUPS`` at head size 128 in fp16 and bf16; the kernel is
+    specialised on both, and other values compile the same code with other constants, which
+    ptxas may allocate differently), plus the combine kernel per dtype, BLOCK_D and
+    BLOCK_N. (On the CPU, Triton's interpreter additionally runs bf16 with UPCAST, never
     compiled.)"""
     variants = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

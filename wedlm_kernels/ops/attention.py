@@ -679,7 +679,7 @@ def _paged_attention_kernel(
     # (128 x 64 at G = 1, 64 x 16 at head size 256). A 2-deep ring already has both in
     # flight; a third buffer would take the 64 x 64 tile past the shared memory of two
     # programs per multiprocessor. Its non-finite bookkeeping stays inline: behind a
-    # tile-level flag (a cold path, tried four ways) the 64 x 64 tile spills on Triton 3.6.
+    # tile-level flag (a cold path, tried three ways) the 64 x 64 tile spills on Triton 3.6.
     next_page = _tile_pages(table_row_ptr, table_page_stride, full_stop, n, diagonal_end,
                             PAGE_SIZE, BLOCK_N)
     for start in tl.range(full_stop, diagonal_end, BLOCK_N, num_stages=2):

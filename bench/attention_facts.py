@@ -115,10 +115,12 @@ def plan(case: dict, rule: str, merge: str) -> dict:
     kv_bytes, partial_bytes = kv_bytes * scale, partial_bytes * scale
     programs = attention.query_tiles(num_rows, batch, group, block_m) * sizes.kv_heads * splits
     working = attention.working_tiles(num_rows, batch, group, block_m) * sizes.kv_heads * splits
-    name = (f"attention_bf16_d{head_dim}_m{block_m}_n{block_n}_w{config.num_warps}"
-            f"_p{page_size}_g{group}{'_merged' if merged else ''}")
-    variants = [name] + ([f"combine_bf16_d{head_dim}_n{block_n}"]
-                         if splits > 1 and not merged else [])
+    # the launcher's own variant names (ops/attention.kernel_variants)
+    block_d = attention.head_dim_block(head_dim)
+    variants = [attention._attention_variant(sizes.dtype, block_d, config, page_size, group,
+                                             merged).name]
+    if splits > 1 and not merged:
+        variants.append(attention._combine_variant(sizes.dtype, block_d, block_n).name)
     return {
         "rule": rule, "merge": merge,
         "schedule": {"block_m": block_m, "block_n": block_n, "num_warps": config.num_warps,
@@ -255,8 +257,8 @@ def write_markdown(report: dict, path: Path) -> None:
                 f"{launch['launches']['triton']} + {launch['launches']['fills']} fill",
             ])
     lines += markdown_table(["case", "rule, merge", "tile", "splits", "working programs",
-                             "diagonal tiles", "waves", "kv MB", "partials MB", "partials / kv", "launches"],
-                            rows)
+                             "diagonal tiles", "waves", "kv MB", "partials MB",
+                             "partials / kv", "launches"], rows)
     lines += ["", "## Compiled variants", ""]
     rows = [[name, str(facts.get("registers")), str(facts.get("spill_store_bytes")),
              str(facts.get("shared_bytes")), str(facts.get("programs_per_sm")),

@@ -29,7 +29,8 @@ TORCH_PATHS = {
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # the op's tolerance: the kernel's where WEDLM_KERNELS_BACKEND=interpret runs it on CPU
 # tensors (its probabilities enter P @ V rounded to fp16/bf16), else the PyTorch path's
-OP_TOLERANCE = ATTENTION_KERNEL_TOLERANCE if _backend.BACKEND == "interpret" else ATTENTION_TOLERANCE
+OP_TOLERANCE = (ATTENTION_KERNEL_TOLERANCE if _backend.BACKEND == "interpret"
+                else ATTENTION_TOLERANCE)
 
 
 def _paged(dense_k, dense_v, page_size, page_ids, num_pages, generator):

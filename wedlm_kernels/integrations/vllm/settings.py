@@ -20,8 +20,9 @@ Per engine (``LLM(..., additional_config={"wedlm": {...}})``, CLI ``--additional
 Per request (``SamplingParams(extra_args={...})``; the OpenAI server's ``vllm_xargs``):
 ``wedlm_window`` (1 .. the engine's window), ``wedlm_entropy_threshold``,
 ``wedlm_distance_penalty``, ``wedlm_mode``, ``wedlm_window_policy`` (null: the engine's).
-Every value, these and vLLM's own sampling fields, is checked by :mod:`wedlm_kernels.requests.params`, the definition model_min's
-``SamplingParams`` uses too. This module imports no vLLM.
+Every value, these and vLLM's own sampling fields, is checked by
+:mod:`wedlm_kernels.requests.params`, the definition model_min's ``SamplingParams`` uses too.
+This module imports no vLLM.
 """
 
 import copy
